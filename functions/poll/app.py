@@ -6,21 +6,14 @@ partial batch response (``ReportBatchItemFailures``).
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from sume_poller import runtime
 from sume_poller.observability import logger, metrics
-from sume_poller.poller import Poller, handle_batch
-
-
-@cache
-def poller() -> Poller:
-    return Poller(runtime.settings(), runtime.lease_store(), runtime.sume_client(), runtime.job_store(),
-                  runtime.poll_queue(), runtime.event_bus())
+from sume_poller.poller import handle_batch
 
 
 @metrics.log_metrics
 @logger.inject_lambda_context(clear_state=True)
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return handle_batch(event, context.get_remaining_time_in_millis, poller())
+    return handle_batch(event, context.get_remaining_time_in_millis, runtime.poller())

@@ -39,6 +39,8 @@ class Settings:
     sume_read_timeout: float = 10.0
     redis_timeout: float = 2.0
     lease_margin_seconds: int = 30
+    #: Lease TTL while one message is processed; must outlast the poll function's timeout.
+    claim_ttl_seconds: int = 60
     #: Largest DelaySeconds this deployment sends (<= 900; lowered only by tests to exercise hops).
     max_delay_seconds: int = SQS_MAX_DELAY_SECONDS
     #: Stop taking new work when less than this much of the invocation is left.
@@ -75,6 +77,7 @@ _INTS = {
     "MAX_POLL_ATTEMPTS": ("max_poll_attempts", 1, 1_000_000),
     "PENDING_SHARDS": ("pending_shards", 1, 64),
     "LEASE_MARGIN_SECONDS": ("lease_margin_seconds", 1, 3_600),
+    "CLAIM_TTL_SECONDS": ("claim_ttl_seconds", 1, 900),
     "MAX_DELAY_SECONDS": ("max_delay_seconds", 1, SQS_MAX_DELAY_SECONDS),
     "SAFETY_MARGIN_MS": ("safety_margin_ms", 0, 60_000),
     "AUTH_PAUSE_SECONDS": ("auth_pause_seconds", 1, 86_400),

@@ -33,10 +33,10 @@ from .messages import MessageError, PollMessage, parse_message
 from .observability import MetricUnit, logger, metrics
 from .sume import Fatal, Pending, Result, Retryable, SumeClient, Terminal
 
+#: A message this close to its due time is read now rather than hopped again (seconds).
+HOP_TOLERANCE = 0.1
 #: How long a message waits before retrying when Redis cannot be reached.
 REDIS_RETRY_DELAY = 30
-#: Lease TTL while one message is being processed (longer than the poll function's timeout).
-CLAIM_TTL_SECONDS = 60
 
 Checkpoint = Callable[[str, str], None]
 
@@ -55,8 +55,7 @@ class Outcome:
 class Poller:
     def __init__(self, settings: Settings, lease: LeaseStore, sume: SumeClient, store: JobStore,
                  queue: PollQueue, bus: EventBus, *, clock: Callable[[], float] = time.time,
-                 checkpoint: Checkpoint | None = None, claim_ttl_seconds: int = CLAIM_TTL_SECONDS
-                 ) -> None:
+                 checkpoint: Checkpoint | None = None) -> None:
         self.s = settings
         self.lease = lease
         self.sume = sume
@@ -64,7 +63,7 @@ class Poller:
         self.queue = queue
         self.bus = bus
         self.clock = clock
-        self.claim_ttl_ms = claim_ttl_seconds * 1000
+        self.claim_ttl_ms = settings.claim_ttl_seconds * 1000
         # Fault-injection hook for tests: called after each step with (step, job_id).
         self._checkpoint = checkpoint
 
@@ -98,7 +97,9 @@ class Poller:
     def process(self, msg: PollMessage) -> Outcome:
         now = self.clock()
         remaining = msg.due_at - now
-        hop = hop_delay(remaining, self.s.max_delay_seconds) if remaining >= 1.0 else None
+        # Not due yet (SQS caps one delay at 900 s): hop on without reading Sume. A message a
+        # hair early (clock skew between containers) is treated as due.
+        hop = hop_delay(remaining, self.s.max_delay_seconds) if remaining > HOP_TOLERANCE else None
         ttl_ms = (hop + self.s.lease_margin_seconds) * 1000 if hop is not None else self.claim_ttl_ms
         try:
             claimed = self._claim(msg, ttl_ms)

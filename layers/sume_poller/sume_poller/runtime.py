@@ -12,6 +12,7 @@ from .aws import EventBus, JobStore, PollQueue
 from .config import Settings, get_settings
 from .keys import ApiKeyProvider
 from .lease import LeaseStore
+from .poller import Poller
 from .sume import SumeClient
 
 
@@ -62,8 +63,13 @@ def event_bus() -> EventBus:
     return EventBus(settings().event_bus_name)
 
 
+@cache
+def poller() -> Poller:
+    return Poller(settings(), lease_store(), sume_client(), job_store(), poll_queue(), event_bus())
+
+
 def reset() -> None:
     """Forget every cached client and the settings (tests and local runs change the environment)."""
-    for f in (settings, redis_client, lease_store, sume_client, job_store, poll_queue, event_bus):
+    for f in (settings, redis_client, lease_store, sume_client, job_store, poll_queue, event_bus, poller):
         f.cache_clear()
     get_settings.cache_clear()

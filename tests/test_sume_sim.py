@@ -1,0 +1,609 @@
+"""Tests for the local Sume simulator (tools/sume_sim), over real HTTP with urllib3."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+
+from tools.sume_sim import SumeSimulator
+
+KEY = "sume_test_key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULT_URL_RE = re.compile(r"^https://cdn\.sume\.example/signed/[0-9a-f]+\?sig=[0-9a-f]+$")
+
+
+@pytest.fixture
+def sim() -> Iterator[SumeSimulator]:
+    simulator = SumeSimulator(api_key=KEY, hints=True, latency_ms=0, time_scale=1.0).start(port=0)
+    try:
+        yield simulator
+    finally:
+        simulator.stop()
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[urllib3.PoolManager]:
+    pool = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(total=5))
+    yield pool
+    pool.clear()
+
+
+class Client:
+    """Tiny helper around urllib3 for the public and control APIs of one simulator."""
+
+    def __init__(self, sim: SumeSimulator, http: urllib3.PoolManager) -> None:
+        self.sim = sim
+        self.http = http
+
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        auth: bool = True,
+    ) -> urllib3.BaseHTTPResponse:
+        hdrs = {**(AUTH if auth else {}), **(headers or {})}
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        return self.http.request(method, self.sim.base_url + path, body=data, headers=hdrs)
+
+    def ctl(self, method: str, path: str, body: Any = None) -> urllib3.BaseHTTPResponse:
+        data = None if body is None else json.dumps(body).encode()
+        return self.http.request(method, self.sim.control_url + path, body=data)
+
+    def create(self, path: str = "/images/generations", sim: dict[str, Any] | None = None, **kw: Any) -> str:
+        resp = self.api("POST", path, {"prompt": "a cat", **({"sim": sim} if sim is not None else {})}, **kw)
+        assert resp.status == 201, resp.data
+        payload = resp.json()
+        if "job" in payload:
+            return str(payload["job"]["id"])
+        if "job_id" in payload:
+            return str(payload["job_id"])
+        return str(payload["job_ids"][0])
+
+    def status(self, job_id: str) -> dict[str, Any]:
+        resp = self.api("GET", f"/jobs/{job_id}")
+        assert resp.status == 200, resp.data
+        return dict(resp.json()["job"])
+
+    def job_info(self, job_id: str) -> dict[str, Any]:
+        resp = self.ctl("GET", f"/jobs/{job_id}")
+        assert resp.status == 200, resp.data
+        return dict(resp.json())
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.ctl("GET", "/stats").json())
+
+    def poll_until_terminal(self, job_id: str, deadline_s: float = 3.0) -> list[dict[str, Any]]:
+        """Read the status until terminal; waits follow the server's exact hints, capped at 20 ms."""
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            job = self.status(job_id)
+            seen.append(job)
+            if job["terminal"]:
+                return seen
+            threading.Event().wait(min(float(job["next_poll_after_seconds"]), 0.02))
+        raise AssertionError(f"job {job_id} not terminal before deadline; saw {[j['status'] for j in seen]}")
+
+
+@pytest.fixture
+def client(sim: SumeSimulator, http: urllib3.PoolManager) -> Client:
+    return Client(sim, http)
+
+
+def assert_envelope(resp: urllib3.BaseHTTPResponse, status: int, code: str) -> dict[str, Any]:
+    assert resp.status == status, resp.data
+    payload = resp.json()
+    assert set(payload) == {"error", "request_id"}
+    assert payload["error"]["code"] == code
+    assert isinstance(payload["error"]["message"], str) and payload["error"]["message"]
+    assert isinstance(payload["error"]["details"], dict)
+    assert payload["request_id"].startswith("req_")
+    assert resp.headers["X-Request-Id"] == payload["request_id"]
+    return dict(payload)
+
+
+def assert_rate_headers(resp: urllib3.BaseHTTPResponse) -> None:
+    for name in ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "X-Request-Id"):
+        assert name in resp.headers, name
+    assert int(resp.headers["RateLimit-Remaining"]) <= int(resp.headers["RateLimit-Limit"])
+
+
+# ---------------------------------------------------------------------------- auth and envelope
+
+
+def test_auth_failures_return_401_envelope(client: Client) -> None:
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": KEY}):
+        resp = client.api("POST", "/images/generations", {"prompt": "x"}, headers=headers, auth=False)
+        assert_envelope(resp, 401, "unauthorized")
+        assert_rate_headers(resp)
+    assert client.stats()["unauthorized"] == 4
+    assert client.stats()["jobs_created"] == 0
+
+
+def test_both_auth_headers_are_accepted(client: Client) -> None:
+    assert client.create(auth=False, headers={"X-Api-Key": KEY})
+    assert client.create(auth=False, headers={"Authorization": f"bearer {KEY}"})
+
+
+def test_success_responses_carry_request_id_and_rate_headers(client: Client) -> None:
+    resp = client.api("POST", "/videos/generations", {"prompt": "x"})
+    assert resp.status == 201
+    assert_rate_headers(resp)
+    assert resp.json()["request_id"] == resp.headers["X-Request-Id"]
+    job_id = resp.json()["job"]["id"]
+    status = client.api("GET", f"/jobs/{job_id}")
+    assert_rate_headers(status)
+    assert status.json()["request_id"].startswith("req_")
+
+
+def test_unknown_job_and_route_are_404(client: Client) -> None:
+    assert_envelope(client.api("GET", "/jobs/job_nope"), 404, "not_found")
+    assert_envelope(client.api("GET", "/jobs/job_nope/result"), 404, "not_found")
+    assert_envelope(client.api("GET", "/nothing/here"), 404, "not_found")
+
+
+# ---------------------------------------------------------------------------- create
+
+
+@pytest.mark.parametrize(
+    ("path", "directive", "kind", "shape", "count"),
+    [
+        ("/images/generations", None, "image", "job.id", 1),
+        ("/videos/generations", {"id_shape": "job_id"}, "video", "job_id", 1),
+        ("/ads/videos", {"id_shape": "job_ids", "count": 3}, "ad_video", "job_ids", 3),
+        ("/face-swap", None, "face_swap", "job_ids", 2),
+        ("/face-swap", {"id_shape": "job.id"}, "face_swap", "job.id", 1),
+        ("/reference-analysis", {"id_shape": "job_ids"}, "reference_analysis", "job_ids", 2),
+    ],
+)
+def test_create_id_shapes(
+    client: Client, path: str, directive: dict[str, Any] | None, kind: str, shape: str, count: int
+) -> None:
+    body: dict[str, Any] = {"prompt": "x"} if directive is None else {"prompt": "x", "sim": directive}
+    resp = client.api("POST", path, body)
+    assert resp.status == 201
+    payload = resp.json()
+    if shape == "job.id":
+        assert payload["job"] == {"id": payload["job"]["id"], "status": "queued", "type": kind}
+        ids = [payload["job"]["id"]]
+    elif shape == "job_id":
+        assert payload["status"] == "queued"
+        ids = [payload["job_id"]]
+    else:
+        ids = payload["job_ids"]
+    assert len(ids) == len(set(ids)) == count
+    for job_id in ids:
+        assert job_id.startswith("job_")
+        job = client.status(job_id)
+        assert job["type"] == kind and job["status"] == "queued"
+        assert client.job_info(job_id)["spec"]["id_shape"] == shape
+    stats = client.stats()
+    assert stats["creates"] == 1 and stats["jobs_created"] == count
+
+
+def test_idempotency_key_replays_and_bills_once(client: Client) -> None:
+    headers = {"Idempotency-Key": "submission-1"}
+    first = client.api("POST", "/images/generations", {"prompt": "x"}, headers=headers)
+    second = client.api("POST", "/images/generations", {"prompt": "x"}, headers=headers)
+    assert first.status == second.status == 201
+    assert first.data == second.data
+    assert second.headers["Idempotent-Replayed"] == "true"
+    other = client.api("POST", "/images/generations", {"prompt": "x"}, headers={"Idempotency-Key": "s-2"})
+    assert other.json()["job"]["id"] != first.json()["job"]["id"]
+    stats = client.stats()
+    counts = {k: stats[k] for k in ("creates", "jobs_created", "create_requests", "replays")}
+    assert counts == {"creates": 2, "jobs_created": 2, "create_requests": 3, "replays": 1}
+
+
+def test_idempotency_is_atomic_under_concurrency(client: Client) -> None:
+    bodies: list[bytes] = []
+
+    def submit() -> None:
+        resp = client.api("POST", "/videos/generations", {"p": 1}, headers={"Idempotency-Key": "race"})
+        bodies.append(resp.data)
+
+    threads = [threading.Thread(target=submit) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(bodies)) == 1
+    stats = client.stats()
+    assert (stats["creates"], stats["jobs_created"], stats["replays"]) == (1, 1, 11)
+
+
+def test_insufficient_credits_is_final_and_replayed(client: Client) -> None:
+    headers = {"Idempotency-Key": "broke"}
+    body = {"prompt": "x", "sim": {"insufficient_credits": True}}
+    first = client.api("POST", "/videos/generations", body, headers=headers)
+    assert_envelope(first, 402, "insufficient_credits")
+    # a retry with the same key (even without the directive) replays the 402
+    second = client.api("POST", "/videos/generations", {"prompt": "x"}, headers=headers)
+    assert second.status == 402 and second.data == first.data
+    stats = client.stats()
+    assert (stats["creates"], stats["jobs_created"], stats["insufficient_credits"]) == (0, 0, 1)
+    assert stats["jobs"] == {}
+
+
+def test_invalid_sim_directive_is_400(client: Client) -> None:
+    resp = client.api("POST", "/images/generations", {"sim": {"outcom": "failed"}})
+    assert assert_envelope(resp, 400, "bad_request")["error"]["details"] == {"field": "outcom"}
+    assert_envelope(
+        client.api("POST", "/images/generations", {"sim": {"faults": ["boom"]}}), 400, "bad_request"
+    )
+    raw = client.http.request("POST", client.sim.base_url + "/ads/videos", body=b"{not json", headers=AUTH)
+    assert_envelope(raw, 400, "bad_request")
+    assert client.stats()["jobs_created"] == 0
+
+
+# ---------------------------------------------------------------------------- timeline
+
+
+@pytest.mark.parametrize(
+    ("outcome", "error_code", "success"),
+    [
+        ("completed", None, True),
+        ("failed", "generation_failed", False),
+        ("canceled", "canceled", False),
+        ("expired", "expired", False),
+        ("succeeded", None, True),
+        ("cancelled", "canceled", False),
+        ("error", "generation_failed", False),
+    ],
+)
+def test_status_progresses_to_each_outcome(
+    client: Client, outcome: str, error_code: str | None, success: bool
+) -> None:
+    client.ctl("POST", "/config", {"time_scale": 0.01})
+    job_id = client.create(sim={"outcome": outcome, "duration": 15, "steps": 3})  # 0.15 s real
+    seen = client.poll_until_terminal(job_id)
+    statuses = [j["status"] for j in seen]
+    active = [s for s in statuses if s != outcome]
+    assert active and active[0] == "queued"
+    order = {"queued": 0, "running": 1, "processing": 2}
+    assert [order[s] for s in active] == sorted(order[s] for s in active)
+    final = seen[-1]
+    assert final["status"] == outcome and final["terminal"] is True
+    assert final["next_poll_after_seconds"] == 0 or not success
+    if success:
+        assert final["error"] is None and final["result_ready"] is True
+        assert RESULT_URL_RE.match(final["result_url"])
+    else:
+        assert final["error"]["code"] == error_code and final["result_url"] is None
+        assert final["result_ready"] is False
+    assert all(j["terminal"] is False for j in seen[:-1])
+    info = client.job_info(job_id)
+    assert info["status"] == outcome and info["terminal_status"] == outcome
+    assert info["status_reads"] == len(seen) and info["min_reads"] == 4
+
+
+def test_hint_values_follow_phase_boundaries(client: Client) -> None:
+    spec = {"duration": 6, "steps": 2, "result_delay": 5}
+
+    def seed(age: float) -> str:
+        resp = client.ctl("POST", "/jobs", {"kind": "video", "sim": spec, "age": age})
+        assert resp.status == 201
+        return str(resp.json()["id"])
+
+    fresh = client.status(seed(0))
+    assert (fresh["status"], fresh["terminal"], fresh["result_ready"]) == ("queued", False, False)
+    assert fresh["next_poll_after_seconds"] == 3
+    mid = client.status(seed(4))
+    assert (mid["status"], mid["next_poll_after_seconds"]) == ("running", 2)
+    done_not_ready = client.status(seed(7))
+    assert done_not_ready["status"] == "completed" and done_not_ready["terminal"] is True
+    assert done_not_ready["result_ready"] is False and done_not_ready["result_url"] is None
+    assert done_not_ready["next_poll_after_seconds"] == 4
+    ready = client.status(seed(12))
+    assert ready["result_ready"] is True and ready["next_poll_after_seconds"] == 0
+    three_steps = client.ctl("POST", "/jobs", {"kind": "image", "sim": {"duration": 9, "steps": 3}, "age": 7})
+    late = client.status(three_steps.json()["id"])
+    assert (late["status"], late["next_poll_after_seconds"]) == ("processing", 2)
+
+
+def test_hints_round_up_with_minimum_one_and_exact_mode(client: Client) -> None:
+    job_id = client.create(sim={"duration": 2.5, "steps": 1})
+    assert client.status(job_id)["next_poll_after_seconds"] == 3
+    almost = client.ctl("POST", "/jobs", {"sim": {"duration": 3, "steps": 1}, "age": 2.5}).json()["id"]
+    assert client.status(almost)["next_poll_after_seconds"] == 1
+    client.ctl("POST", "/config", {"exact_hints": True})
+    assert 0 < client.status(job_id)["next_poll_after_seconds"] < 2.5
+    assert 0 < client.status(almost)["next_poll_after_seconds"] <= 0.5
+
+
+def test_hints_global_off_and_per_job_override(client: Client) -> None:
+    hint_keys = {"terminal", "result_ready", "next_poll_after_seconds"}
+    plain = client.create()
+    forced_off = client.create(sim={"hints": False})
+    assert hint_keys <= set(client.status(plain))
+    assert not hint_keys & set(client.status(forced_off))
+    assert client.ctl("POST", "/config", {"hints": False}).json()["hints"] is False
+    forced_on = client.create(sim={"hints": True})
+    job = client.status(plain)
+    assert not hint_keys & set(job)
+    assert set(job) == {"id", "type", "status", "error", "created_at", "updated_at", "result_url"}
+    assert hint_keys <= set(client.status(forced_on))
+    assert client.job_info(plain)["min_reads"] == 3
+
+
+def test_status_override_reports_unknown_status_first(client: Client) -> None:
+    job_id = client.create(sim={"status_override": {"status": "mystery", "reads": 2}, "duration": 0})
+    for _ in range(2):
+        job = client.status(job_id)
+        assert job["status"] == "mystery" and job["terminal"] is False
+        assert job["next_poll_after_seconds"] == 1 and job["result_url"] is None
+    job = client.status(job_id)
+    assert job["status"] == "completed" and job["terminal"] is True
+
+
+# ---------------------------------------------------------------------------- faults
+
+
+def test_faults_are_consumed_in_order(client: Client) -> None:
+    errors = ["429:7", "500", "503:2", "502", "404", "401", "403", "400"]
+    faults = [*errors, "malformed", "html", "empty", "slow:150"]
+    job_id = client.create(sim={"faults": faults, "duration": 60})
+    expected = [
+        (429, "rate_limit_exceeded", "7"),
+        (500, "internal_error", None),
+        (503, "internal_error", "2"),
+        (502, "internal_error", None),
+        (404, "not_found", None),
+        (401, "unauthorized", None),
+        (403, "forbidden", None),
+        (400, "bad_request", None),
+    ]
+    for status, code, retry_after in expected:
+        resp = client.api("GET", f"/jobs/{job_id}")
+        assert_envelope(resp, status, code)
+        assert_rate_headers(resp)
+        assert resp.headers.get("Retry-After") == retry_after
+    malformed = client.api("GET", f"/jobs/{job_id}")
+    assert malformed.status == 200 and malformed.headers["Content-Type"] == "application/json"
+    with pytest.raises(ValueError):
+        json.loads(malformed.data)
+    html = client.api("GET", f"/jobs/{job_id}")
+    assert html.status == 200 and html.headers["Content-Type"].startswith("text/html")
+    assert html.data.lstrip().lower().startswith(b"<!doctype html")
+    empty = client.api("GET", f"/jobs/{job_id}")
+    assert empty.status == 200 and empty.data == b""
+    started = time.monotonic()
+    slow = client.api("GET", f"/jobs/{job_id}")
+    assert time.monotonic() - started >= 0.15
+    assert slow.status == 200 and slow.json()["job"]["status"] == "queued"
+    assert client.api("GET", f"/jobs/{job_id}").status == 200  # faults exhausted
+    info = client.job_info(job_id)
+    assert info["status_reads"] == len(faults) + 1 and info["faults_remaining"] == []
+
+
+def test_result_faults_apply_to_result_reads(client: Client) -> None:
+    job_id = client.create(sim={"duration": 0, "result_faults": ["503:4", "empty"]})
+    resp = client.api("GET", f"/jobs/{job_id}/result")
+    assert_envelope(resp, 503, "internal_error")
+    assert resp.headers["Retry-After"] == "4"
+    assert client.api("GET", f"/jobs/{job_id}/result").data == b""
+    assert client.api("GET", f"/jobs/{job_id}/result").status == 200
+    assert client.job_info(job_id)["result_reads"] == 3
+    assert client.job_info(job_id)["status_reads"] == 0
+
+
+def test_random_faults_from_config(client: Client) -> None:
+    job_id = client.create()
+    config = client.ctl("POST", "/config", {"malformed_rate": 1.0, "seed": 7}).json()
+    assert config["malformed_rate"] == 1.0 and config["seed"] == 7
+    resp = client.api("GET", f"/jobs/{job_id}")
+    assert resp.status == 200
+    with pytest.raises(ValueError):
+        json.loads(resp.data)
+    client.ctl("POST", "/config", {"malformed_rate": 0.0, "error_rate_5xx": 1.0})
+    codes = {client.api("GET", f"/jobs/{job_id}").status for _ in range(20)}
+    assert codes <= {500, 503} and codes
+    assert client.job_info(job_id)["status_reads"] == 21
+
+
+def test_rate_limit_returns_429_with_retry_after(client: Client) -> None:
+    client.ctl("POST", "/config", {"rate_limit_per_minute": 2})
+    job_id = client.create()
+    first = client.api("GET", f"/jobs/{job_id}")
+    assert first.status == 200 and first.headers["RateLimit-Limit"] == "2"
+    assert client.api("GET", f"/jobs/{job_id}/result").status == 409
+    limited = client.api("GET", f"/jobs/{job_id}")
+    assert_envelope(limited, 429, "rate_limit_exceeded")
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    assert limited.headers["RateLimit-Remaining"] == "0"
+    stats = client.stats()
+    assert stats["rate_limited"] == 1 and stats["status_reads"] == 2 and stats["result_reads"] == 1
+    client.ctl("POST", "/config", {"rate_limit_per_minute": None})
+    assert client.api("GET", f"/jobs/{job_id}").status == 200
+
+
+def test_latency_applies_to_api_only(client: Client) -> None:
+    client.ctl("POST", "/config", {"latency_ms": 120})
+    started = time.monotonic()
+    client.ctl("GET", "/stats")
+    assert time.monotonic() - started < 0.1
+    started = time.monotonic()
+    assert client.api("GET", "/jobs/job_nope").status == 404
+    assert time.monotonic() - started >= 0.12
+
+
+# ---------------------------------------------------------------------------- result
+
+
+def test_result_is_409_until_ready_then_200(client: Client) -> None:
+    job_id = client.create(path="/videos/generations", sim={"duration": 0, "result_delay": 0.25})
+    assert_envelope(client.api("GET", f"/jobs/{job_id}/result"), 409, "result_not_ready")
+    job = client.status(job_id)
+    assert job["status"] == "completed" and job["result_ready"] is False
+    assert job["next_poll_after_seconds"] == 1
+    deadline = time.monotonic() + 3
+    while True:
+        resp = client.api("GET", f"/jobs/{job_id}/result")
+        if resp.status == 200 or time.monotonic() > deadline:
+            break
+        assert resp.status == 409
+        threading.Event().wait(0.02)
+    assert resp.status == 200
+    payload = resp.json()
+    assert payload["job_id"] == job_id and payload["type"] == "video"
+    assert RESULT_URL_RE.match(payload["result"]["url"])
+    assert payload["result"]["width"] > 0 and payload["request_id"].startswith("req_")
+    assert client.status(job_id)["result_url"] == payload["result"]["url"]
+    assert client.job_info(job_id)["result_reads"] >= 2
+
+
+def test_result_of_failed_job_is_409(client: Client) -> None:
+    job_id = client.create(sim={"duration": 0, "outcome": "failed"})
+    resp = client.api("GET", f"/jobs/{job_id}/result")
+    assert assert_envelope(resp, 409, "result_not_ready")["error"]["details"]["status"] == "failed"
+
+
+# ---------------------------------------------------------------------------- list, control API
+
+
+def test_list_jobs_paginates_and_filters(client: Client) -> None:
+    ids = [client.create() for _ in range(3)]
+    ids.append(client.create(path="/videos/generations", sim={"duration": 0}))
+    page1 = client.api("GET", "/jobs?limit=3").json()
+    assert [j["id"] for j in page1["jobs"]] == list(reversed(ids))[:3]
+    page2 = client.api("GET", f"/jobs?limit=3&cursor={page1['next_cursor']}").json()
+    assert [j["id"] for j in page2["jobs"]] == [ids[0]] and page2["next_cursor"] is None
+    videos = client.api("GET", "/jobs?type=video").json()["jobs"]
+    assert [j["id"] for j in videos] == [ids[3]]
+    assert [j["id"] for j in client.api("GET", "/jobs?status=completed").json()["jobs"]] == [ids[3]]
+    assert len(client.api("GET", "/jobs?status=queued").json()["jobs"]) == 3
+    assert_envelope(client.api("GET", "/jobs?limit=0"), 400, "bad_request")
+    assert client.stats()["status_reads"] == 0
+
+
+def test_control_job_and_stats_counters(client: Client) -> None:
+    job_id = client.create(sim={"steps": 4})
+    for _ in range(3):
+        client.status(job_id)
+    client.api("GET", f"/jobs/{job_id}/result")
+    client.api("GET", "/jobs/job_ghost")
+    client.api("GET", "/jobs/job_ghost")
+    info = client.job_info(job_id)
+    assert {k: info[k] for k in ("id", "kind", "status", "status_reads", "result_reads", "min_reads")} == {
+        "id": job_id,
+        "kind": "image",
+        "status": "queued",
+        "status_reads": 3,
+        "result_reads": 1,
+        "min_reads": 5,
+    }
+    assert info["terminal_status"] == "completed" and info["spec"]["steps"] == 4
+    ghost = client.ctl("GET", "/jobs/job_ghost")
+    assert ghost.status == 404 and ghost.json()["status_reads"] == 2 and ghost.json()["exists"] is False
+    stats = client.stats()
+    assert stats["status_reads"] == 5 and stats["result_reads"] == 1
+    assert stats["creates"] == 1 and stats["create_requests"] == 1 and stats["replays"] == 0
+    assert stats["jobs"][job_id] == {"status_reads": 3, "result_reads": 1, "min_reads": 5, "status": "queued"}
+    assert stats["jobs"]["job_ghost"]["status_reads"] == 2
+
+
+def test_seed_job_with_explicit_id(client: Client) -> None:
+    resp = client.ctl(
+        "POST", "/jobs", {"id": "job_existing", "kind": "face_swap", "sim": {"outcome": "expired"}}
+    )
+    assert resp.status == 201 and resp.json() == {"id": "job_existing"}
+    assert client.status("job_existing")["type"] == "face_swap"
+    assert client.ctl("POST", "/jobs", {"id": "job_existing"}).status == 400
+    assert client.ctl("POST", "/jobs", {"kind": "hologram"}).status == 400
+    stats = client.stats()
+    assert stats["creates"] == 0 and stats["jobs_created"] == 1
+
+
+def test_config_endpoint_validates_and_changes_api_key(client: Client) -> None:
+    config = client.ctl("GET", "/config").json()
+    assert config["hints"] is True and config["api_key"] == KEY and config["rate_limit_per_minute"] is None
+    assert client.ctl("POST", "/config", {"time_scale": 0}).status == 400
+    assert client.ctl("POST", "/config", {"bogus": 1}).status == 400
+    updated = client.ctl("POST", "/config", {"api_key": "sume_other"}).json()
+    assert updated["api_key"] == "sume_other" and updated["time_scale"] == 1.0
+    assert_envelope(client.api("GET", "/jobs"), 401, "unauthorized")
+    assert client.api("GET", "/jobs", auth=False, headers={"X-Api-Key": "sume_other"}).status == 200
+
+
+def test_reset_clears_everything(client: Client) -> None:
+    headers = {"Idempotency-Key": "k1"}
+    first = client.api("POST", "/images/generations", {"p": 1}, headers=headers).json()["job"]["id"]
+    client.status(first)
+    client.ctl("POST", "/config", {"hints": False, "latency_ms": 5})
+    assert client.ctl("POST", "/reset").status == 200
+    stats = client.stats()
+    assert stats["jobs"] == {} and stats["status_reads"] == 0 and stats["creates"] == 0
+    config = client.ctl("GET", "/config").json()
+    assert config["hints"] is True and config["latency_ms"] == 0
+    assert_envelope(client.api("GET", f"/jobs/{first}"), 404, "not_found")
+    again = client.api("POST", "/images/generations", {"p": 1}, headers=headers)
+    assert again.json()["job"]["id"] != first and "Idempotent-Replayed" not in again.headers
+
+
+def test_python_api_and_context_manager(http: urllib3.PoolManager) -> None:
+    with SumeSimulator(api_key="k2", hints=False, time_scale=0.5) as sim:
+        assert re.match(r"^http://127\.0\.0\.1:\d+/api/v1$", sim.base_url)
+        job_id = sim.seed_job("video", {"duration": 0})
+        resp = http.request("GET", f"{sim.base_url}/jobs/{job_id}", headers={"Authorization": "Bearer k2"})
+        assert resp.json()["job"]["status"] == "completed" and "terminal" not in resp.json()["job"]
+        info = sim.job_info(job_id)
+        assert info is not None and info["status_reads"] == 1
+        assert sim.configure(hints=True)["hints"] is True and sim.stats()["status_reads"] == 1
+        port = sim.port
+    with pytest.raises(urllib3.exceptions.HTTPError):
+        http.request("GET", f"http://127.0.0.1:{port}/_sim/stats", retries=False)
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def test_cli_starts_serves_and_exits_on_sigterm(http: urllib3.PoolManager) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.sume_sim", "--port", "0", "--api-key", "sume_cli_key", "--no-hints"],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline() if proc.stdout else ""))
+        reader.start()
+        reader.join(timeout=5)
+        assert lines, "no listening line within 5 s"
+        match = re.fullmatch(r"sume-sim listening on (http://127\.0\.0\.1:\d+/api/v1)\n", lines[0])
+        assert match, lines[0]
+        base = match.group(1)
+        created = http.request(
+            "POST", f"{base}/images/generations", body=b"{}", headers={"Authorization": "Bearer sume_cli_key"}
+        )
+        assert created.status == 201
+        job = http.request(
+            "GET", f"{base}/jobs/{created.json()['job']['id']}", headers={"X-Api-Key": "sume_cli_key"}
+        )
+        assert job.status == 200 and "next_poll_after_seconds" not in job.json()["job"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
