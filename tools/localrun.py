@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 import uuid
 from collections import Counter
@@ -74,6 +75,10 @@ class LocalSystem:
         env["AWS_ENDPOINT_URL"] = endpoint_url
         env.update(env_overrides or {})
         os.environ.update(env)
+        for spec in self.specs.values():  # what /opt/python is in Lambda
+            for layer in spec.layer_dirs:
+                if str(layer) not in sys.path:
+                    sys.path.insert(0, str(layer))
         self.modules = {lid: self._load_handler(lid) for lid in self.specs}
         from sume_poller import runtime
         runtime.reset()
@@ -314,3 +319,79 @@ class LocalSystem:
 
     def sim_reset(self) -> None:
         self._control("POST", "/reset", {})
+
+
+class HandlersBackend:
+    """The demo's in-process backend: handlers on moto server, this process as event source."""
+
+    name = "handlers in-process, moto server"
+
+    def __init__(self, system: LocalSystem, sim: Any, fanout_every: float = 10.0) -> None:
+        self.system = system
+        self.sim = sim
+        self._events: list[dict[str, Any]] = []
+        self._fanout_every = fanout_every
+        self._next_fanout = time.monotonic() + fanout_every
+
+    @classmethod
+    def start(cls, stack: Any, *, time_scale: float) -> HandlersBackend:
+        import subprocess
+
+        from tools.services import MotoServer, RedisServer
+        from tools.sume_sim import SumeSimulator
+
+        subprocess.run([str(ROOT / "scripts" / "ensure-redis.sh")], check=True)
+        key = "sume_demo_" + uuid.uuid4().hex
+        redis_server = stack.enter_context(RedisServer())
+        moto = stack.enter_context(MotoServer())
+        sim = stack.enter_context(SumeSimulator(api_key=key, hints=True, time_scale=time_scale))
+        log_dir = ROOT / ".scratch"
+        log_dir.mkdir(exist_ok=True)
+        system = LocalSystem(moto.endpoint_url, redis_server.url, sim.base_url, api_key=key, env_overrides={
+            "POWERTOOLS_METRICS_DISABLED": "true", "LEASE_MARGIN_SECONDS": "5"})
+        from sume_poller.observability import logger
+        log_file = stack.enter_context(open(log_dir / "demo-handlers.log", "a"))  # noqa: SIM115
+        for handler in logger.handlers:
+            if hasattr(handler, "setStream"):
+                handler.setStream(log_file)
+        return cls(system, sim)
+
+    def submit(self, event: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = self.system.invoke("SubmitFunction", event)
+        return reply
+
+    def tick(self) -> None:
+        if time.monotonic() >= self._next_fanout:
+            self.system.fanout()
+            self._next_fanout = time.monotonic() + self._fanout_every
+        for _ in range(20):
+            if not self.system.pump(wait_seconds=0):
+                break
+
+    def records(self) -> list[dict[str, Any]]:
+        from sume_poller.aws import from_item
+        items: list[dict[str, Any]] = []
+        kwargs: dict[str, Any] = {"TableName": self.system.table,
+                                  "ProjectionExpression": "job_id, #s", "ExpressionAttributeNames": {"#s": "status"}}
+        while True:
+            reply = self.system.ddb.scan(**kwargs)
+            items.extend(from_item(i) for i in reply.get("Items", []))
+            if not reply.get("LastEvaluatedKey"):
+                return items
+            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+
+    def events(self) -> list[dict[str, Any]]:
+        self._events.extend(self.system.drain_events())
+        return list(self._events)
+
+    def dlq_depth(self) -> int:
+        return self.system.queue_depth(self.system.dlq_url)
+
+    def counters(self) -> dict[str, int]:
+        from sume_poller.poller import OUTCOME_TOTALS as t
+        return {"requeues": t["requeued"] + t["transient"] + t["result_not_ready"] + t["hopped"],
+                "contention": t["contention"]}
+
+    def sim_stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.sim.stats()
+        return stats

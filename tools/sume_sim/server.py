@@ -31,7 +31,9 @@ Behaviour directives (``"sim": {...}`` in a create body; every field optional)
 * ``duration`` seconds until terminal (default per kind: image 3, video 20, ad_video 30,
   face_swap 5, reference_analysis 4), multiplied by the global ``time_scale`` at creation.
 * ``steps`` non-terminal phases (default 2), cycling ``queued``/``running``/``processing`` over
-  equal slices of ``duration``. ``min_reads`` = ``steps + 1``.
+  equal slices of ``duration``. ``min_reads``: the status reads a client needs from its first
+  read on, obeying every hint exactly (1 + phase changes still ahead then; ``steps + 1`` before
+  any read).
 * ``result_delay`` seconds (scaled) after completion before ``result_ready`` turns true.
 * ``status_override`` ``{"status": "mystery", "reads": N}``: the first N normally-answered
   status reads report that (non-terminal) status with a 1 s hint.
@@ -330,6 +332,22 @@ class _Job:
     fault_cursor: int = 0
     result_fault_cursor: int = 0
     override_served: int = 0
+    first_read_mono: float | None = None
+
+    def min_reads(self) -> int:
+        """Status reads a client needs from its first read on if it obeys every hint exactly:
+        1 + the phase changes (and the result becoming ready) still ahead at that first read.
+        Before any read: ``steps + 1``."""
+        if self.first_read_mono is None:
+            return self.spec.steps + 1
+        duration = self.spec.duration * self.scale
+        t = self.first_read_mono - self.created_mono
+        slice_len = duration / self.spec.steps
+        ahead = sum(1 for i in range(1, self.spec.steps + 1) if i * slice_len > t)
+        ready_at = duration + self.spec.result_delay * self.scale
+        if self.spec.result_delay > 0 and self.spec.outcome.lower() in SUCCESS_STATUSES and ready_at > t:
+            ahead += 1
+        return 1 + ahead
 
     def state(self, now: float) -> _JobState:
         duration = self.spec.duration * self.scale
@@ -582,7 +600,7 @@ class SumeSimulator:
                 job.id: {
                     "status_reads": job.status_reads,
                     "result_reads": job.result_reads,
-                    "min_reads": job.spec.min_reads,
+                    "min_reads": job.min_reads(),
                     "status": job.state(now).status,
                 }
                 for job in self._jobs.values()
@@ -606,7 +624,7 @@ class SumeSimulator:
                 "result_ready": state.result_ready,
                 "status_reads": job.status_reads,
                 "result_reads": job.result_reads,
-                "min_reads": job.spec.min_reads,
+                "min_reads": job.min_reads(),
                 "terminal_status": job.spec.outcome,
                 "faults_remaining": job.spec.faults[job.fault_cursor :],
                 "result_faults_remaining": job.spec.result_faults[job.result_fault_cursor :],
@@ -938,6 +956,8 @@ class SumeSimulator:
                 self._count_unknown_locked(job_id, "status_reads")
             else:
                 job.status_reads += 1
+                if job.first_read_mono is None:
+                    job.first_read_mono = now
             retry_after = self._admit_read_locked(now)
             fault: str | None = None
             if retry_after is None and job is not None:

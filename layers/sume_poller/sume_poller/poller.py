@@ -18,6 +18,7 @@ message finds it taken. A message that does not own the chain may only take a fr
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -274,6 +275,8 @@ class Poller:
 
 # -- the batch ---------------------------------------------------------------------------------
 _POOL = ThreadPoolExecutor(max_workers=10, thread_name_prefix="poll")
+#: Outcomes this container has seen (also emitted as metrics); local runs and the demo read it.
+OUTCOME_TOTALS: Counter[str] = Counter()
 
 
 def _process_record(poller: Poller, record: Any) -> Outcome:
@@ -320,6 +323,7 @@ def handle_batch(event: Any, remaining_ms: Callable[[], int], poller: Poller) ->
     reads = 0
     for future in done:
         outcome: Outcome = future.result()
+        OUTCOME_TOTALS[outcome.name] += 1
         reads += outcome.reads
         metrics.add_metric(name=f"Outcome_{outcome.name}", unit=MetricUnit.Count, value=1)
         if outcome.status and outcome.name == "terminal":
