@@ -72,21 +72,19 @@ _REQUIRED = {
     "REDIS_URL": "redis_url",
 }
 
-_INTS = {
-    "JOB_MAX_AGE_SECONDS": ("job_max_age_seconds", 60, 366 * 86_400),
-    "MAX_POLL_ATTEMPTS": ("max_poll_attempts", 1, 1_000_000),
-    "PENDING_SHARDS": ("pending_shards", 1, 64),
-    "LEASE_MARGIN_SECONDS": ("lease_margin_seconds", 1, 3_600),
-    "CLAIM_TTL_SECONDS": ("claim_ttl_seconds", 1, 900),
-    "MAX_DELAY_SECONDS": ("max_delay_seconds", 1, SQS_MAX_DELAY_SECONDS),
-    "SAFETY_MARGIN_MS": ("safety_margin_ms", 0, 60_000),
-    "AUTH_PAUSE_SECONDS": ("auth_pause_seconds", 1, 86_400),
-}
-
-_FLOATS = {
-    "SUME_CONNECT_TIMEOUT": ("sume_connect_timeout", 0.05, 30.0),
-    "SUME_READ_TIMEOUT": ("sume_read_timeout", 0.05, 60.0),
-    "REDIS_TIMEOUT": ("redis_timeout", 0.05, 30.0),
+#: Optional numeric variables: field, type, minimum, maximum.
+_NUMBERS: dict[str, tuple[str, type[int] | type[float], float, float]] = {
+    "JOB_MAX_AGE_SECONDS": ("job_max_age_seconds", int, 60, 366 * 86_400),
+    "MAX_POLL_ATTEMPTS": ("max_poll_attempts", int, 1, 1_000_000),
+    "PENDING_SHARDS": ("pending_shards", int, 1, 64),
+    "LEASE_MARGIN_SECONDS": ("lease_margin_seconds", int, 1, 3_600),
+    "CLAIM_TTL_SECONDS": ("claim_ttl_seconds", int, 1, 900),
+    "MAX_DELAY_SECONDS": ("max_delay_seconds", int, 1, SQS_MAX_DELAY_SECONDS),
+    "SAFETY_MARGIN_MS": ("safety_margin_ms", int, 0, 60_000),
+    "AUTH_PAUSE_SECONDS": ("auth_pause_seconds", int, 1, 86_400),
+    "SUME_CONNECT_TIMEOUT": ("sume_connect_timeout", float, 0.05, 30.0),
+    "SUME_READ_TIMEOUT": ("sume_read_timeout", float, 0.05, 60.0),
+    "REDIS_TIMEOUT": ("redis_timeout", float, 0.05, 30.0),
 }
 
 
@@ -120,31 +118,18 @@ def load_settings(env: Mapping[str, str]) -> Settings:
         problems.append("LEASE_KEY_PREFIX must be 1-64 characters")
     values["lease_key_prefix"] = prefix
 
-    for var, (field, lo, hi) in _INTS.items():
+    for var, (field, kind, lo, hi) in _NUMBERS.items():
         raw = env.get(var)
         if raw is None or raw == "":
             continue
         try:
-            number = int(raw)
+            number = kind(raw)
         except ValueError:
-            problems.append(f"{var} must be an integer, not {raw!r}")
+            problems.append(f"{var} must be {'an integer' if kind is int else 'a number'}, not {raw!r}")
             continue
         if not lo <= number <= hi:
             problems.append(f"{var} must be between {lo} and {hi}, not {number}")
         values[field] = number
-
-    for var, (field, flo, fhi) in _FLOATS.items():
-        raw = env.get(var)
-        if raw is None or raw == "":
-            continue
-        try:
-            fnumber = float(raw)
-        except ValueError:
-            problems.append(f"{var} must be a number, not {raw!r}")
-            continue
-        if not flo <= fnumber <= fhi:
-            problems.append(f"{var} must be between {flo} and {fhi}, not {fnumber}")
-        values[field] = fnumber
 
     if problems:
         raise ConfigError("invalid configuration: " + "; ".join(problems))
