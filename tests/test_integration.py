@@ -373,3 +373,64 @@ def test_a_rejected_api_key_stops_polling_loudly(system: LocalSystem, caplog) ->
     assert system.fanout()["auth_paused"] is True
     assert system.jobs([job])[job]["status"] == "pending"
     assert any("rejected the API key" in r.getMessage() and r.levelname == "ERROR" for r in caplog.records)
+
+
+def test_a_batch_stops_before_the_timeout_and_reports_unfinished_records(system: LocalSystem) -> None:
+    from sume_poller.poller import handle_batch
+
+    slow = system.sim_seed("image", {"duration": 30, "faults": ["slow:1400"]})
+    fast = [system.sim_seed("image", {"duration": 30}) for _ in range(4)]
+    for job in [slow, *fast]:
+        system.record(job)
+        system.send(fanout_message(job))
+    messages: list[dict] = []
+    wait_for(lambda: len(messages) == 5 or bool(messages.extend(system.receive())), what="5 messages")
+    poller = system.poller()
+    records = [system.sqs_record(m) for m in messages]
+    # 3 s safety margin + 0.5 s: the batch may work for 0.5 s; the slow Sume reply takes 1.4 s.
+    reply = handle_batch({"Records": records}, lambda: poller.s.safety_margin_ms + 500, poller)
+    body = {m["MessageId"]: json.loads(m["Body"])["job_id"] for m in messages}
+    assert [body[f["itemIdentifier"]] for f in reply["batchItemFailures"]] == [slow]
+    assert all(system.sim_job(j)["status_reads"] == 1 for j in fast)
+
+
+def test_one_message_makes_one_sume_read_even_when_the_read_times_out(system: LocalSystem) -> None:
+    from sume_poller.messages import parse_message
+
+    job = system.sim_seed("image", {"duration": 30, "faults": ["slow:2500"]})  # > SUME_READ_TIMEOUT 1.5 s
+    system.record(job)
+    outcome = system.poller().process(parse_message(fanout_message(job)))
+    assert outcome.name == "transient" and outcome.delay is not None
+    wait_for(lambda: system.sim_job(job)["status_reads"] >= 1, what="the slow read to land")
+    assert system.sim_job(job)["status_reads"] == 1
+
+
+def test_fanout_retries_failed_entries_and_stops_before_its_timeout(system: LocalSystem) -> None:
+    from sume_poller import runtime
+    from sume_poller.fanout import run_fanout
+
+    store, settings, queue = runtime.job_store(), runtime.settings(), runtime.poll_queue()
+    ids = [f"job_retry_{i:02d}" for i in range(25)]
+    for job in ids:
+        system.record(job)
+
+    class FlakyQueue:
+        """The real queue, except that SendMessageBatch drops two entries on its first call."""
+
+        calls = 0
+
+        def send_batch(self, entries):  # type: ignore[no-untyped-def]
+            FlakyQueue.calls += 1
+            failed = queue.send_batch(entries[2:] if FlakyQueue.calls == 1 else entries)
+            return ([e[0] for e in entries[:2]] + failed) if FlakyQueue.calls == 1 else failed
+
+    report = run_fanout(settings, store, FlakyQueue(), runtime.lease_store(), lambda: 60_000,  # type: ignore[arg-type]
+                        sleep=lambda s: None)
+    assert (report.sent, report.send_failed, report.batches) == (25, 0, 4)  # 3 full-or-last batches + 1 retry
+    got: list[dict] = []
+    wait_for(lambda: len(got) >= 25 or bool(got.extend(system.receive())), what="25 messages")
+    assert sorted(json.loads(m["Body"])["job_id"] for m in got) == ids
+
+    budget = iter([60_000, 60_000, 10])  # two pages' worth of time, then the margin is reached
+    report = run_fanout(settings, store, queue, runtime.lease_store(), lambda: next(budget, 0), page_size=5)
+    assert report.stopped_early and report.pages == 2

@@ -73,7 +73,8 @@ class LocalSystem:
         env = prepare_environment(self.specs["PollFunction"], base={})
         env.update(CREDENTIALS)
         env["AWS_ENDPOINT_URL"] = endpoint_url
-        env.update(env_overrides or {})
+        self._overrides = dict(env_overrides or {})
+        env.update(self._overrides)
         os.environ.update(env)
         for spec in self.specs.values():  # what /opt/python is in Lambda
             for layer in spec.layer_dirs:
@@ -102,7 +103,7 @@ class LocalSystem:
         self._provision()
         for lid in self.specs:
             self.specs[lid] = function_spec(self.template, lid, self.resolver)
-        os.environ.update({k: v for k, v in self.specs["PollFunction"].environment.items()})
+        os.environ.update({**self.specs["PollFunction"].environment, **self._overrides})
         from sume_poller import runtime
         runtime.reset()
         self.stats = PumpStats()

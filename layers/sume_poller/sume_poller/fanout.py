@@ -15,7 +15,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from .aws import JobStore, PollQueue, chunks
+from .aws import JobStore, PollQueue
 from .config import Settings
 from .jobs import KINDS, InvalidJobId, all_shards, validate_job_id
 from .lease import LeaseStore
@@ -49,11 +49,19 @@ def run_fanout(settings: Settings, store: JobStore, queue: PollQueue, lease: Lea
                sleep: Callable[[float], None] = time.sleep) -> FanoutReport:
     report = FanoutReport()
     now = time.time()
+    ready: list[dict[str, Any]] = []  # unleased jobs not sent yet: sent in full batches of 10
+
+    def flush(all_of_it: bool) -> None:
+        while len(ready) >= 10 or (all_of_it and ready):
+            group, ready[:] = ready[:10], ready[10:]
+            _send(queue, group, now, report, remaining_ms, settings, sleep)
+
     for shard in all_shards(settings.pending_shards):
         start_key: dict[str, Any] | None = None
         while True:
             if remaining_ms() < settings.safety_margin_ms:
                 report.stopped_early = True
+                flush(all_of_it=True)
                 logger.warning("fan-out stopping before its timeout", extra=report.as_dict())
                 return report
             items, start_key = store.pending_page(shard, start_key, page_size)
@@ -65,7 +73,7 @@ def run_fanout(settings: Settings, store: JobStore, queue: PollQueue, lease: Lea
                     paused, live = lease.live([j["job_id"] for j in jobs])
                 except RedisError as exc:
                     report.redis_unavailable = True
-                    logger.error("Redis unavailable: fan-out sends nothing this run",
+                    logger.error("Redis unavailable: fan-out sends nothing more this run",
                                  extra={"error": type(exc).__name__})
                     return report
                 if paused:
@@ -74,10 +82,12 @@ def run_fanout(settings: Settings, store: JobStore, queue: PollQueue, lease: Lea
                     return report
                 free = [j for j, held in zip(jobs, live, strict=True) if not held]
                 report.leased += len(jobs) - len(free)
-                _send(queue, free, now, report, remaining_ms, settings, sleep)
+                ready.extend(free)
+                flush(all_of_it=False)
             if not start_key:
                 break
         report.shards_done.append(shard)
+    flush(all_of_it=True)
     return report
 
 
@@ -99,28 +109,28 @@ def _valid(items: list[dict[str, Any]], report: FanoutReport) -> list[dict[str, 
     return jobs
 
 
-def _send(queue: PollQueue, jobs: list[dict[str, Any]], now: float, report: FanoutReport,
+def _send(queue: PollQueue, group: list[dict[str, Any]], now: float, report: FanoutReport,
           remaining_ms: Callable[[], int], settings: Settings, sleep: Callable[[float], None]) -> None:
-    for group in chunks(jobs, 10):
-        entries = {
-            str(i): PollMessage(job_id=j["job_id"], kind=j["kind"], deadline_at=j["deadline_at"],
-                                due_at=round(now, 3)).to_json()
-            for i, j in enumerate(group)
-        }
-        for attempt in range(BATCH_RETRIES + 1):
-            if attempt:
-                sleep(0.1 * 2**attempt)
-            report.batches += 1
-            try:
-                failed = queue.send_batch([(i, body, 0) for i, body in entries.items()])
-            except Exception as exc:  # the whole call failed: retry all of it
-                logger.warning("SendMessageBatch failed", extra={"error": type(exc).__name__})
-                failed = list(entries)
-            report.sent += len(entries) - len(failed)
-            entries = {i: entries[i] for i in failed}
-            if not entries or remaining_ms() < settings.safety_margin_ms:
-                break
-        if entries:
-            report.send_failed += len(entries)
-            logger.error("poll messages not sent; the next fan-out run retries them",
-                         extra={"count": len(entries)})
+    """Send one batch (<= 10), retrying the entries SQS did not accept."""
+    entries = {
+        str(i): PollMessage(job_id=j["job_id"], kind=j["kind"], deadline_at=j["deadline_at"],
+                            due_at=round(now, 3)).to_json()
+        for i, j in enumerate(group)
+    }
+    for attempt in range(BATCH_RETRIES + 1):
+        if attempt:
+            sleep(0.1 * 2**attempt)
+        report.batches += 1
+        try:
+            failed = queue.send_batch([(i, body, 0) for i, body in entries.items()])
+        except Exception as exc:  # the whole call failed: retry all of it
+            logger.warning("SendMessageBatch failed", extra={"error": type(exc).__name__})
+            failed = list(entries)
+        report.sent += len(entries) - len(failed)
+        entries = {i: entries[i] for i in failed}
+        if not entries or remaining_ms() < settings.safety_margin_ms:
+            break
+    if entries:
+        report.send_failed += len(entries)
+        logger.error("poll messages not sent; the next fan-out run retries them",
+                     extra={"count": len(entries)})

@@ -9,8 +9,9 @@ Every call returns an outcome instead of raising, so the poll path can decide pe
 * :class:`Fatal`     - retrying cannot help: ``scope="key"`` (401/403: the API key is bad),
   ``scope="job"`` (404/400: this job id), ``scope="submission"`` (402: no credits).
 
-At most one in-process retry, and only for connection-level faults (urllib3 ``Retry``);
-statuses are never retried in-process: a 429/503 becomes the re-queue delay instead.
+At most one in-process retry, and only for connect errors (urllib3 ``Retry``), where no request
+reached Sume; read timeouts and statuses are never retried in-process: a 429/503 becomes the
+re-queue delay instead.
 The API key is never logged; neither are result URLs or payloads.
 """
 
@@ -208,8 +209,9 @@ class SumeClient:
             maxsize=pool_size,
             block=False,
             timeout=Timeout(connect=connect_timeout, read=read_timeout),
-            # One in-process retry, for connection-level faults only; never for statuses.
-            retries=Retry(total=1, connect=1, read=1, status=0, other=0, redirect=0,
+            # One in-process retry, and only where no request reached Sume (connect errors):
+            # a read timeout or a status is never retried here, so one message = one Sume read.
+            retries=Retry(total=1, connect=1, read=0, status=0, other=0, redirect=0,
                           backoff_factor=0.1, raise_on_status=False),
             headers={"Accept": "application/json", "User-Agent": "sume-poller/0.1"},
         )
