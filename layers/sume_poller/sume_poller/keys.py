@@ -17,8 +17,15 @@ class ApiKeyProvider:
         self._name = settings.sume_api_key_name
         self._source = settings.sume_api_key_source
         self._force = threading.Event()
+        # Single flight: the messages of a batch are polled on parallel threads, and on a cold
+        # container they would all miss the cache at once and each read the parameter.
+        self._lock = threading.Lock()
 
     def __call__(self) -> str:
+        with self._lock:
+            return self._fetch()
+
+    def _fetch(self) -> str:
         # Imported here: only the code paths that talk to Sume pay for it.
         from aws_lambda_powertools.utilities import parameters
 
