@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 
@@ -418,11 +419,14 @@ def test_fanout_retries_failed_entries_and_stops_before_its_timeout(system: Loca
         """The real queue, except that SendMessageBatch drops two entries on its first call."""
 
         calls = 0
+        lock = threading.Lock()  # fan-out sends on several threads
 
         def send_batch(self, entries):  # type: ignore[no-untyped-def]
-            FlakyQueue.calls += 1
-            failed = queue.send_batch(entries[2:] if FlakyQueue.calls == 1 else entries)
-            return ([e[0] for e in entries[:2]] + failed) if FlakyQueue.calls == 1 else failed
+            with FlakyQueue.lock:
+                FlakyQueue.calls += 1
+                first = FlakyQueue.calls == 1
+            failed = queue.send_batch(entries[2:] if first else entries)
+            return ([e[0] for e in entries[:2]] + failed) if first else failed
 
     report = run_fanout(settings, store, FlakyQueue(), runtime.lease_store(), lambda: 60_000,  # type: ignore[arg-type]
                         sleep=lambda s: None)
