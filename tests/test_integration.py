@@ -438,3 +438,57 @@ def test_fanout_retries_failed_entries_and_stops_before_its_timeout(system: Loca
     budget = iter([60_000, 60_000, 10])  # two pages' worth of time, then the margin is reached
     report = run_fanout(settings, store, queue, runtime.lease_store(), lambda: next(budget, 0), page_size=5)
     assert report.stopped_early and report.pages == 2
+
+
+def test_an_unpublished_event_is_found_by_fanout_when_the_message_is_gone(system: LocalSystem, rdb) -> None:  # type: ignore[no-untyped-def]
+    # The poller dies after the terminal write and its message never comes back (say it went to
+    # the DLQ on its last receive): the job sits in the index's outbox partition, so fan-out sends
+    # it again and the next poll publishes the event - without reading Sume.
+    job = system.sim_seed("image", {"duration": 0.2, "steps": 1})
+    system.record(job)
+    system.send(fanout_message(job))
+    messages: list[dict] = []
+    wait_for(lambda: bool(messages) or bool(messages.extend(system.receive())), what="the poll message")
+    with pytest.raises(Crash):
+        system.deliver(messages, poller=system.poller(checkpoint=crash_at("written")))
+    for m in messages:  # the message is gone for good
+        system.sqs.delete_message(QueueUrl=system.queue_url, ReceiptHandle=m["ReceiptHandle"])
+    assert system.jobs([job])[job]["pending_shard"].startswith("o")
+    reads = system.sim_job(job)
+    wait_for(lambda: not rdb.exists(f"sume:poll:{job}"), timeout=20, what="lease expiry")
+    assert system.fanout()["sent"] == 1
+    system.run_until(lambda: system.all_terminal([job]), timeout=30)
+    assert [e["job_id"] for e in system.drain_events()] == [job]
+    record = system.jobs([job])[job]
+    assert "event_pending" not in record and "pending_shard" not in record
+    assert system.sim_job(job)["status_reads"] == reads["status_reads"]
+
+
+def test_a_far_hint_never_outlives_the_deadline(system: LocalSystem) -> None:
+    from sume_poller import runtime
+
+    job = system.sim_seed("video", {"duration": 3600, "steps": 1})  # hint: come back in an hour
+    deadline = int(time.time()) + 3
+    assert runtime.job_store().put_pending(job, "video", deadline, runtime.settings().pending_shards)
+    system.send(fanout_message(job, kind="video", deadline_at=deadline))
+    system.run_until(lambda: system.all_terminal([job]), timeout=30)
+    record = system.jobs([job])[job]
+    assert record["status"] == "timed_out" and record["error"]["code"] == "deadline_exceeded"
+    assert system.sim_job(job)["status_reads"] == 1
+
+
+def test_messages_arriving_during_the_auth_pause_do_not_read_sume(system: LocalSystem) -> None:
+    jobs = [system.sim_seed("image", {"duration": 60}) for _ in range(3)]
+    for job in jobs:
+        system.record(job)
+    system.sim_config(api_key="sume_rotated_key")
+    for job in jobs:
+        system.send(fanout_message(job))
+    system.run_until(lambda: system.queue_depth() == 0, timeout=30)
+    assert system.sim_stats()["unauthorized"] >= 1
+    rejected = system.sim_stats()["unauthorized"]
+    for job in jobs:  # duplicates or late starters arrive while the pause lives
+        system.send(fanout_message(job))
+    system.run_until(lambda: system.queue_depth() == 0, timeout=30)
+    assert system.sim_stats()["unauthorized"] == rejected
+    assert all(r["status"] == "pending" for r in system.jobs(jobs).values())

@@ -105,7 +105,11 @@ def test_long_delay_splits_into_hops_within_sqs_limit() -> None:
 
 def test_shards_are_stable_and_in_range() -> None:
     assert shard_of("job_1", 8) == shard_of("job_1", 8)
-    assert {shard_of(f"job_{i}", 8) for i in range(200)} == set(all_shards(8))
+    pending = {shard_of(f"job_{i}", 8) for i in range(200)}
+    outbox = {shard_of(f"job_{i}", 8, "o") for i in range(200)}
+    assert pending | outbox == set(all_shards(8)) and len(pending) == len(outbox) == 8
+    assert all_shards(2) == ["p00", "p01", "o00", "o01"]  # fan-out reads pending, then outbox
+    assert shard_of("job_1", 8, "o")[1:] == shard_of("job_1", 8)[1:]
 
 
 def _msg(**kw: object) -> str:

@@ -7,7 +7,8 @@ local runs) points them at moto or ministack.
 The job record (table ``JOBS_TABLE``, key ``job_id``)::
 
     job_id, kind, status ("pending" | completed | failed | canceled | expired | timed_out),
-    pending_shard   only while pending: the sparse index "pending" lists exactly these
+    pending_shard   "pNN" while pending, "oNN" while terminal with the event not yet published;
+                    removed with the outbox flag: the sparse index "pending" lists exactly these
     deadline_at, submitted_at, updated_at, idempotency_key?, sume_request_id?
     terminal_at, sume_status, error{code,message}?, result_json?, result_truncated?, attempts
     event_pending   set by the terminal write, removed once the terminal event is on the bus
@@ -26,7 +27,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .jobs import PENDING, shard_of
+from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
 
 if TYPE_CHECKING:
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -122,18 +123,21 @@ class JobStore:
 
     def record_terminal(self, job_id: str, status: str, *, sume_status: str | None,
                         error: dict[str, str] | None, result: dict[str, Any] | None,
-                        attempts: int) -> TerminalWrite:
-        """The exactly-once step: pending -> terminal, out of the pending index, outbox set.
+                        attempts: int, shards: int) -> TerminalWrite:
+        """The exactly-once step: pending -> terminal, with the outbox flag set.
 
-        Wins only while the item is still in the pending index; a loser gets the old record
+        Wins only while the job is in a pending partition of the index; it moves the job to an
+        outbox partition, so fan-out comes back for it until the event is published even if the
+        message that made this write is lost. A loser gets the old record
         (``ReturnValuesOnConditionCheckFailure``) without a second read.
         """
         now = int(time.time())
         names = {"#s": "status"}
         values: dict[str, Any] = {":s": _attr(status), ":now": _attr(now), ":t": _attr(True),
-                                  ":a": _attr(attempts)}
+                                  ":a": _attr(attempts), ":p": _attr(PENDING_PREFIX),
+                                  ":o": _attr(shard_of(job_id, shards, OUTBOX_PREFIX))}
         sets = ["#s = :s", "terminal_at = :now", "updated_at = :now", "event_pending = :t",
-                "attempts = :a"]
+                "attempts = :a", "pending_shard = :o"]
         if sume_status:
             sets.append("sume_status = :ss")
             values[":ss"] = _attr(sume_status)
@@ -153,8 +157,8 @@ class JobStore:
             reply = self._ddb.update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": job_id}},
-                UpdateExpression="SET " + ", ".join(sets) + " REMOVE pending_shard",
-                ConditionExpression="attribute_exists(pending_shard)",
+                UpdateExpression="SET " + ", ".join(sets),
+                ConditionExpression="begins_with(pending_shard, :p)",
                 ExpressionAttributeNames=names,
                 ExpressionAttributeValues=values,
                 ReturnValues="ALL_NEW",
@@ -168,12 +172,13 @@ class JobStore:
         return TerminalWrite(True, from_item(reply["Attributes"]))
 
     def clear_outbox(self, job_id: str) -> bool:
-        """Mark the terminal event as published. False if another attempt already did."""
+        """Mark the terminal event as published (the job leaves the index). False if another
+        attempt already did."""
         try:
             self._ddb.update_item(
                 TableName=self.table,
                 Key={"job_id": {"S": job_id}},
-                UpdateExpression="REMOVE event_pending SET event_published_at = :now",
+                UpdateExpression="REMOVE event_pending, pending_shard SET event_published_at = :now",
                 ConditionExpression="attribute_exists(event_pending)",
                 ExpressionAttributeValues={":now": _attr(int(time.time()))},
             )

@@ -128,13 +128,21 @@ def hop_delay(remaining_seconds: float, max_delay: int) -> int:
     return max(0, min(math.ceil(remaining_seconds), max_delay))
 
 
-def shard_of(job_id: str, shards: int) -> str:
-    """The pending-index partition of a job (stable; spreads writes over ``shards`` keys)."""
+# The sparse index "pending" has two kinds of partition: ``pNN`` holds the jobs still pending,
+# ``oNN`` the terminal jobs whose terminal event is not published yet (the outbox). Both are
+# read by fan-out; publishing the event takes the job out of the index.
+PENDING_PREFIX = "p"
+OUTBOX_PREFIX = "o"
+
+
+def shard_of(job_id: str, shards: int, prefix: str = PENDING_PREFIX) -> str:
+    """The index partition of a job (stable; spreads writes over ``shards`` keys)."""
     h = 0
     for ch in job_id.encode():
         h = (h * 31 + ch) & 0xFFFFFFFF
-    return f"p{h % shards:02d}"
+    return f"{prefix}{h % shards:02d}"
 
 
 def all_shards(shards: int) -> list[str]:
-    return [f"p{i:02d}" for i in range(shards)]
+    """Every partition fan-out reads: the pending ones, then the outbox ones."""
+    return [f"{prefix}{i:02d}" for prefix in (PENDING_PREFIX, OUTBOX_PREFIX) for i in range(shards)]

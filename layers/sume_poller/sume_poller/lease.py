@@ -64,6 +64,21 @@ class LeaseStore:
         """Replace value and TTL while the lease still holds ``expected``; False: lease lost."""
         return bool(self._renew(keys=[self.key(job_id)], args=[expected, new_value, ttl_ms]))
 
+    def acquire_unless_paused(self, job_id: str, value: str, ttl_ms: int) -> bool | None:
+        """One pipelined round trip: is Sume auth paused, and ``SET NX`` the lease.
+
+        True: taken. False: held by another chain. None: auth is paused (nothing is held).
+        """
+        pipe = self._r.pipeline(transaction=False)
+        pipe.exists(self.auth_pause_key)
+        pipe.set(self.key(job_id), value, nx=True, px=ttl_ms)
+        paused, taken = pipe.execute()
+        if paused:
+            if taken:
+                self.release(job_id, value)
+            return None
+        return bool(taken)
+
     def release(self, job_id: str, expected: str) -> bool:
         """Delete the lease while it still holds ``expected``; never deletes another chain's."""
         return bool(self._release(keys=[self.key(job_id)], args=[expected]))

@@ -17,6 +17,7 @@ message finds it taken. A message that does not own the chain may only take a fr
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from redis.exceptions import RedisError
 
 from .aws import EventBus, JobStore, PollQueue, terminal_event
 from .config import Settings
-from .jobs import backoff_delay, error_delay, hint_delay, hop_delay
+from .jobs import PENDING, backoff_delay, error_delay, hint_delay, hop_delay
 from .lease import LeaseStore, new_token
 from .messages import MessageError, PollMessage, parse_message
 from .observability import MetricUnit, logger, metrics
@@ -73,19 +74,24 @@ class Poller:
             self._checkpoint(name, job_id)
 
     # -- the lease ----------------------------------------------------------------------
-    def _claim(self, msg: PollMessage, ttl_ms: int) -> tuple[str, int, bool] | None:
-        """(token, seq now held, lease was free) or None when another chain holds the job."""
+    def _claim(self, msg: PollMessage, ttl_ms: int) -> tuple[str, int, bool] | str:
+        """(token, seq now held, lease was free), or why not: "contention" (another chain holds
+        the job) or "auth_paused" (Sume rejected the key recently: no chain starts)."""
         if msg.token is not None:
             held = f"{msg.token}:{msg.seq + 1}"
             if self.lease.renew(msg.job_id, msg.lease_value or "", held, ttl_ms):
                 return msg.token, msg.seq + 1, False
-            if self.lease.acquire(msg.job_id, held, ttl_ms):
-                return msg.token, msg.seq + 1, True
-            return None
-        token = new_token()
-        if self.lease.acquire(msg.job_id, f"{token}:1", ttl_ms):
-            return token, 1, True
-        return None
+        else:
+            held = f"{new_token()}:1"
+        # Not this chain's turn: only a free lease may be taken. This is also where every chain
+        # starts (submit, fan-out, recovery), so it is where the auth pause is honoured.
+        taken = self.lease.acquire_unless_paused(msg.job_id, held, ttl_ms)
+        if taken is None:
+            return "auth_paused"
+        if not taken:
+            return "contention"
+        token, seq = held.rsplit(":", 1)
+        return token, int(seq), True
 
     def _release(self, job_id: str, held: str) -> None:
         try:
@@ -97,18 +103,22 @@ class Poller:
     # -- the message ----------------------------------------------------------------------
     def process(self, msg: PollMessage) -> Outcome:
         now = self.clock()
-        remaining = msg.due_at - now
-        # Not due yet (SQS caps one delay at 900 s): hop on without reading Sume. A message a
-        # hair early (clock skew between containers) is treated as due.
+        # Not due yet (SQS caps one delay at 900 s): hop on without reading Sume, but never past
+        # the job's deadline. A message a hair early (clock skew) is treated as due.
+        remaining = min(msg.due_at, msg.deadline_at) - now
         hop = hop_delay(remaining, self.s.max_delay_seconds) if remaining > HOP_TOLERANCE else None
         ttl_ms = (hop + self.s.lease_margin_seconds) * 1000 if hop is not None else self.claim_ttl_ms
         try:
             claimed = self._claim(msg, ttl_ms)
         except RedisError as exc:
             return self._redis_unavailable(msg, exc)
-        if claimed is None:
-            logger.info("lease held by another chain; dropping message", extra={"seq": msg.seq})
-            return Outcome("contention")
+        if isinstance(claimed, str):
+            if claimed == "auth_paused":
+                logger.warning("Sume auth is paused after a rejected key; message dropped, "
+                               "fan-out resumes the job after the pause")
+            else:
+                logger.info("lease held by another chain; dropping message", extra={"seq": msg.seq})
+            return Outcome(claimed)
         token, seq, was_free = claimed
         held = f"{token}:{seq}"
         self._step("claimed", msg.job_id)
@@ -120,21 +130,20 @@ class Poller:
                 logger.error("poll message for a job that is not recorded; dropping it")
                 self._release(msg.job_id, held)
                 return Outcome("unknown_job")
-            if "pending_shard" not in record:
+            if record.get("status") != PENDING:
                 return self._already_terminal(msg.job_id, record, held)
             kind = str(record.get("kind") or kind)
             deadline = int(record.get("deadline_at") or deadline)
 
         chain = msg.next(token=token, seq=seq, kind=kind, deadline_at=deadline)
-        if hop is not None:
-            self._send(chain, hop, held)
-            logger.debug("hop toward due time", extra={"delay": hop, "remaining": round(remaining)})
-            return Outcome("hopped", delay=hop)
-
         if now >= deadline or msg.attempt >= self.s.max_poll_attempts:
             why = "deadline_exceeded" if now >= deadline else "attempts_exceeded"
             return self._finish(chain, held, "timed_out", None,
                                 {"code": why, "message": "sume-poller stopped watching this job"}, None)
+        if hop is not None:
+            self._send(chain, hop, held)
+            logger.debug("hop toward due time", extra={"delay": hop, "remaining": round(remaining)})
+            return Outcome("hopped", delay=hop)
 
         reply = self.sume.get_status(msg.job_id)
         self._step("read", msg.job_id)
@@ -178,7 +187,8 @@ class Poller:
                 error: dict[str, str] | None, result: dict[str, Any] | None) -> Outcome:
         reads = 0 if status == "timed_out" else 1
         write = self.store.record_terminal(chain.job_id, status, sume_status=sume_status, error=error,
-                                           result=result, attempts=chain.attempt + reads)
+                                           result=result, attempts=chain.attempt + reads,
+                                           shards=self.s.pending_shards)
         self._step("written", chain.job_id)
         if write.won:
             assert write.record is not None
@@ -239,6 +249,8 @@ class Poller:
     def _requeue(self, chain: PollMessage, held: str, delay: int, *, errors: int, name: str,
                  extra_reads: int = 0) -> Outcome:
         now = self.clock()
+        # Never wait past the deadline: the message then comes back and records timed_out.
+        delay = max(1, min(delay, math.ceil(chain.deadline_at - now)))
         nxt = chain.next(attempt=chain.attempt + 1, errors=errors, due_at=round(now + delay, 3))
         send_delay = min(delay, self.s.max_delay_seconds)
         try:
