@@ -18,7 +18,7 @@ API_KEY = "sume_test_" + uuid.uuid4().hex
 #: Short leases so crash-recovery tests wait seconds, not minutes (production: 30 s / 60 s).
 TEST_ENV = {
     "LEASE_MARGIN_SECONDS": "2",
-    "CLAIM_TTL_SECONDS": "2",
+    "CLAIM_TTL_SECONDS": "5",
     "SUME_CONNECT_TIMEOUT": "1",
     "SUME_READ_TIMEOUT": "1.5",
     "AUTH_PAUSE_SECONDS": "5",

@@ -257,7 +257,9 @@ class MinistackServer(_Service):
         # (same PID). Its Lambda workers inherit it: TMPDIR keeps their files in .scratch.
         # setpriv --pdeathsig: ministack gets SIGTERM if this process dies without stopping it.
         guard = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") and sys.platform == "linux" else []
-        return [*guard, "env", f"GATEWAY_PORT={self.port}", "BIND_HOST=127.0.0.1", f"TMPDIR={self.tmpdir}",
+        # -u AWS_ENDPOINT_URL: a local run may have set it (for moto) in this process.
+        return [*guard, "env", "-u", "AWS_ENDPOINT_URL", f"GATEWAY_PORT={self.port}", "BIND_HOST=127.0.0.1",
+                f"TMPDIR={self.tmpdir}",
                 f"MINISTACK_REGION={REGION}", "LOG_LEVEL=WARNING", "LAMBDA_EXECUTOR=local",
                 *(f"{k}={v}" for k, v in CREDENTIALS.items()), str(binary)]
 

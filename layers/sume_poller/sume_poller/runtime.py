@@ -8,7 +8,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .aws import EventBus, JobStore, PollQueue
+from .aws import EventBus, JobStore, PollQueue, reset_session
 from .config import Settings, get_settings
 from .keys import ApiKeyProvider
 from .lease import LeaseStore
@@ -73,3 +73,4 @@ def reset() -> None:
     for f in (settings, redis_client, lease_store, sume_client, job_store, poll_queue, event_bus, poller):
         f.cache_clear()
     get_settings.cache_clear()
+    reset_session()
