@@ -202,7 +202,8 @@ def test_a_crashed_poller_is_resumed_by_fanout_after_the_lease_expires(system: L
     job = system.sim_seed("image", {"duration": 4, "steps": 2})
     system.record(job, "image")
     system.send(fanout_message(job))
-    messages = system.receive()
+    messages: list[dict] = []
+    wait_for(lambda: bool(messages) or bool(messages.extend(system.receive())), what="the poll message")
     with pytest.raises(Crash):
         system.deliver(messages, poller=system.poller(checkpoint=crash_at(step)))
     # The crashed invocation deleted nothing; its message waits out the visibility timeout.
@@ -218,8 +219,10 @@ def test_a_crashed_poller_is_resumed_by_fanout_after_the_lease_expires(system: L
 def test_crash_between_terminal_write_and_event_is_finished_by_the_next_attempt(system: LocalSystem, rdb) -> None:  # type: ignore[no-untyped-def]
     job = system.sim_seed("image", {"duration": 0.2, "steps": 1})
     system.record(job, "image")
+    wait_for(lambda: system.sim_job(job)["status"] == "completed", what="the job to finish at Sume")
     system.send(fanout_message(job, due_at=0))
-    messages = system.receive()
+    messages: list[dict] = []
+    wait_for(lambda: bool(messages) or bool(messages.extend(system.receive())), what="the poll message")
     with pytest.raises(Crash):
         system.deliver(messages, poller=system.poller(checkpoint=crash_at("written")))
     record = system.jobs([job])[job]
@@ -446,6 +449,7 @@ def test_an_unpublished_event_is_found_by_fanout_when_the_message_is_gone(system
     # it again and the next poll publishes the event - without reading Sume.
     job = system.sim_seed("image", {"duration": 0.2, "steps": 1})
     system.record(job)
+    wait_for(lambda: system.sim_job(job)["status"] == "completed", what="the job to finish at Sume")
     system.send(fanout_message(job))
     messages: list[dict] = []
     wait_for(lambda: bool(messages) or bool(messages.extend(system.receive())), what="the poll message")
