@@ -113,6 +113,9 @@ def handle_submit(event: Any, settings: Settings, sume: SumeClient, store: JobSt
         extra = {"idempotency_key": key, "sume_request_id": outcome.request_id}
         if _record(settings, store, queue, job_id, kind, deadline, extra):
             new.append(job_id)
+    if not job_ids:  # paid for, but nothing this project can watch: say so, loudly
+        logger.error("Sume created a job this project cannot watch", extra={"request_id": outcome.request_id})
+        return _rejected("sume returned no storable job id", request_id=outcome.request_id, idempotency_key=key)
     logger.info("submitted", extra={"job_ids": job_ids, "request_id": outcome.request_id})
     return {"status": "submitted", "job_ids": job_ids, "new": new, "idempotency_key": key,
             "request_id": outcome.request_id}

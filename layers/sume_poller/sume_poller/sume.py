@@ -126,7 +126,10 @@ def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    f = float(value)
+    try:
+        f = float(value)
+    except OverflowError:  # a JSON integer beyond any float (json.loads takes 4300 digits)
+        return None
     return f if math.isfinite(f) and f >= 0 else None
 
 
@@ -245,7 +248,7 @@ class SumeClient:
             return resp.status, _MALFORMED, resp.headers, None
         try:
             parsed = json.loads(raw) if raw else _MALFORMED
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             parsed = _MALFORMED
         return resp.status, parsed, resp.headers, None
 
