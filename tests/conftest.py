@@ -63,5 +63,15 @@ def system(local_system: LocalSystem, simulator: SumeSimulator, redis_server: Re
 
 
 @pytest.fixture
+def fsys(system: LocalSystem) -> Iterator[LocalSystem]:
+    """``system`` with Powertools' parameter cache cleared on both sides: some fault scenarios
+    rotate the Sume key, and a rotated key must not leak into the next test as 401s."""
+    from aws_lambda_powertools.utilities import parameters
+    parameters.clear_caches()
+    yield system
+    parameters.clear_caches()
+
+
+@pytest.fixture
 def rdb(redis_server: RedisServer) -> redis.Redis:
     return redis.Redis.from_url(redis_server.url, decode_responses=True)

@@ -76,19 +76,6 @@ REDELIVER_AFTER = CLAIM_TTL + 1.0
 
 
 # -- fixtures ----------------------------------------------------------------------------------------
-@pytest.fixture
-def fsys(system: LocalSystem) -> Iterator[LocalSystem]:
-    """The per-test ``system`` (fresh AWS state, simulator and Redis; conftest.TEST_ENV leases).
-
-    Some scenarios rotate the Sume key in SSM; the key stays cached in Powertools Parameters
-    (up to 300 s) after ``fresh()`` puts the session key back, so the caches are cleared on both
-    sides of each test: a rotated key never leaks into the next test as a burst of 401s."""
-    from aws_lambda_powertools.utilities import parameters
-    parameters.clear_caches()
-    yield system
-    parameters.clear_caches()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def figures(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
