@@ -46,8 +46,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -56,7 +54,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tools.services import ServiceError, _Service
+from tools.services import HttpService, ServiceError
 
 __all__ = [
     "API_KEY_NAME",
@@ -227,7 +225,7 @@ def _start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]  # field 22: starttime
 
 
-class MinistackServer(_Service):
+class MinistackServer(HttpService):
     """``ministack`` on 127.0.0.1 (a child process on a free port) with its own TMPDIR under
     ``.scratch/ministack``; ``.endpoint_url`` is ``http://127.0.0.1:P``.
 
@@ -240,10 +238,6 @@ class MinistackServer(_Service):
     def __init__(self, port: int | None = None, ready_timeout: float = READY_TIMEOUT_S) -> None:
         super().__init__(port, ready_timeout)
         self.tmpdir: Path | None = None
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def _command(self) -> list[str]:
         binary = MINISTACK_VENV / "bin" / "ministack"
@@ -277,17 +271,6 @@ class MinistackServer(_Service):
             if _start_time(pid) == stamp:  # still the same process, not a reused PID
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
-
-    def _request(self, method: str, path: str, timeout: float, quiet: bool) -> bool:
-        data = b"" if method == "POST" else None
-        request = urllib.request.Request(self.endpoint_url + path, method=method, data=data)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return 200 <= int(response.status) < 300
-        except (urllib.error.URLError, OSError) as error:
-            if quiet:
-                return False
-            raise ServiceError(f"{method} {self.endpoint_url}{path} failed: {error}") from error
 
     def stop(self) -> None:
         process = self._process

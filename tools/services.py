@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-__all__ = ["MotoServer", "RedisServer", "ServiceError", "free_port", "running_services"]
+__all__ = ["HttpService", "MotoServer", "RedisServer", "ServiceError", "free_port", "running_services"]
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
@@ -271,14 +271,29 @@ def _moto_server_command() -> list[str]:
     return [sys.executable, "-m", "moto.server"]
 
 
-class MotoServer(_Service):
-    """``moto_server`` (all AWS services over HTTP); ``.endpoint_url`` is ``http://127.0.0.1:P``."""
-
-    name = "moto_server"
+class HttpService(_Service):
+    """A service that answers HTTP on ``endpoint_url`` (moto, ministack)."""
 
     @property
     def endpoint_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def _request(self, method: str, path: str, timeout: float, quiet: bool) -> bool:
+        data = b"" if method == "POST" else None
+        request = urllib.request.Request(self.endpoint_url + path, method=method, data=data)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return 200 <= int(response.status) < 300
+        except (urllib.error.URLError, OSError) as error:
+            if quiet:
+                return False
+            raise ServiceError(f"{method} {self.endpoint_url}{path} failed: {error}") from error
+
+
+class MotoServer(HttpService):
+    """``moto_server`` (all AWS services over HTTP); ``.endpoint_url`` is ``http://127.0.0.1:P``."""
+
+    name = "moto_server"
 
     def _command(self) -> list[str]:
         return [*_moto_server_command(), "-H", "127.0.0.1", "-p", str(self.port)]
@@ -291,16 +306,6 @@ class MotoServer(_Service):
         if not self._request("POST", "/moto-api/reset", timeout=10.0, quiet=False):
             raise ServiceError(f"moto reset failed on {self.endpoint_url}")
 
-    def _request(self, method: str, path: str, timeout: float, quiet: bool) -> bool:
-        data = b"" if method == "POST" else None
-        request = urllib.request.Request(self.endpoint_url + path, method=method, data=data)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return 200 <= int(response.status) < 300
-        except (urllib.error.URLError, OSError) as error:
-            if quiet:
-                return False
-            raise ServiceError(f"{method} {self.endpoint_url}{path} failed: {error}") from error
 
 
 def running_services() -> list[_Service]:

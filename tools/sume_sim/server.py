@@ -947,6 +947,27 @@ class SumeSimulator:
             time.sleep(int(create_fault.partition(":")[2]) / 1000.0)
         return self._api_response(status, stored, request_id, extra=extra)
 
+    def _read_refusal(self, job: _Job | None, job_id: str, retry_after: Any, fault: str | None,
+                      request_id: str) -> SimResponse | None:
+        """What a read answers before the job's own view: rate limit, unknown job, a fault
+        (``slow:MS`` only delays). None: answer normally."""
+        if retry_after is not None:
+            return self._api_error(
+                429,
+                "rate_limit_exceeded",
+                "read rate limit exceeded",
+                request_id,
+                retry_after=str(retry_after),
+            )
+        if job is None:
+            return self._api_error(404, "not_found", f"job {job_id} not found", request_id)
+        if fault is not None and fault.startswith("slow:"):
+            time.sleep(int(fault.partition(":")[2]) / 1000.0)
+            return None
+        if fault is not None:
+            return self._fault_response(fault, job_id, request_id)
+        return None
+
     def _status_read(self, job_id: str, request_id: str) -> SimResponse:
         with self._lock:
             now = time.monotonic()
@@ -968,21 +989,10 @@ class SumeSimulator:
                     fault = self._rng.choice(["500", "503:1"])
                 elif self._config.malformed_rate and self._rng.random() < self._config.malformed_rate:
                     fault = "malformed"
-        if retry_after is not None:
-            return self._api_error(
-                429,
-                "rate_limit_exceeded",
-                "read rate limit exceeded",
-                request_id,
-                retry_after=str(retry_after),
-            )
-        if job is None:
-            return self._api_error(404, "not_found", f"job {job_id} not found", request_id)
-        if fault is not None and fault.startswith("slow:"):
-            time.sleep(int(fault.partition(":")[2]) / 1000.0)
-            fault = None
-        if fault is not None:
-            return self._fault_response(fault, job_id, request_id)
+        early = self._read_refusal(job, job_id, retry_after, fault, request_id)
+        if early is not None:
+            return early
+        assert job is not None
         with self._lock:
             override: str | None = None
             if job.spec.override_status is not None and job.override_served < job.spec.override_reads:
@@ -1009,21 +1019,10 @@ class SumeSimulator:
             ):
                 fault = job.spec.result_faults[job.result_fault_cursor]
                 job.result_fault_cursor += 1
-        if retry_after is not None:
-            return self._api_error(
-                429,
-                "rate_limit_exceeded",
-                "read rate limit exceeded",
-                request_id,
-                retry_after=str(retry_after),
-            )
-        if job is None:
-            return self._api_error(404, "not_found", f"job {job_id} not found", request_id)
-        if fault is not None and fault.startswith("slow:"):
-            time.sleep(int(fault.partition(":")[2]) / 1000.0)
-            fault = None
-        if fault is not None:
-            return self._fault_response(fault, job_id, request_id)
+        early = self._read_refusal(job, job_id, retry_after, fault, request_id)
+        if early is not None:
+            return early
+        assert job is not None
         with self._lock:
             state = job.state(time.monotonic())
         if not (state.success and state.result_ready):
