@@ -1,0 +1,237 @@
+"""The simulator's configuration: one immutable :class:`Config`, changed only through :func:`updated`.
+
+Fields are what ``POST /_sim/config`` and :meth:`SumeSimulator.configure` accept; every change is
+validated and an invalid one raises :class:`SpecError`. ``time_scale`` is the clock's scale and is
+fixed when the simulator is built. The dict-valued fields (``read_budget``, ``create_budget``,
+``list``, ``webhooks``) are replaced whole: a field missing from the new dict takes its default.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from tools.sume_sim.spec import (
+    DEFAULT_DURATION,
+    SpecError,
+    check_bool,
+    check_choice,
+    check_int,
+    check_keys,
+    check_number,
+)
+
+DEFAULT_API_KEY = "sume_test_key"
+DEFAULT_WEBHOOK_SECRET = "sume_sim_webhook_secret"  # noqa: S105 - a well-known test value
+MINUTE = 60
+DAY = 86_400
+LIST_FIELDS = ("minimal", "full")
+LIST_ORDERS = ("any", "newest_first")
+LIST_ROUTES = ("ok", "missing", "bad_request", "forbidden")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Per-key limits of one class of calls; None = that window is not enforced."""
+
+    per_minute: int | None = None
+    per_day: int | None = None
+
+    def limits(self) -> dict[int, int | None]:
+        """Window size (clock seconds) -> limit."""
+        return {MINUTE: self.per_minute, DAY: self.per_day}
+
+    @property
+    def enforced(self) -> bool:
+        return self.per_minute is not None or self.per_day is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ListMode:
+    """How ``GET /api/v1/jobs`` behaves, and which misses of a real list it shows."""
+
+    fields: str = "minimal"
+    order: str = "any"
+    cursor: bool = False
+    multi_status: bool = False
+    omit_kinds: tuple[str, ...] = ()
+    newest_n: int | None = None
+    lag: float = 0.0
+    route: str = "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "omit_kinds": list(self.omit_kinds)}
+
+
+@dataclass(frozen=True)
+class Webhooks:
+    """Which kinds accept ``webhook_url``, the signing secret and the delivery misbehaviours."""
+
+    kinds: tuple[str, ...] = ()
+    secret: str = DEFAULT_WEBHOOK_SECRET
+    loss: float = 0.0
+    duplicate: float = 0.0
+    delay: float = 0.0
+    bad_signature: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kinds": list(self.kinds)}
+
+
+@dataclass(frozen=True)
+class Config:
+    api_key: str = DEFAULT_API_KEY
+    hints: bool = True
+    exact_hints: bool = False
+    latency_ms: int = 0
+    time_scale: float = 1.0
+    error_rate_5xx: float = 0.0
+    malformed_rate: float = 0.0
+    seed: int | None = None
+    read_budget: Budget = field(default_factory=Budget)
+    create_budget: Budget = field(default_factory=Budget)
+    other_consumer_share: float = 0.0
+    not_found_for: float = 0.0
+    key_forbidden: bool = False
+    listing: ListMode = field(default_factory=ListMode)  # the "list" field
+    webhooks: Webhooks = field(default_factory=Webhooks)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {
+            name: getattr(self, name)
+            for name in ("api_key", "hints", "exact_hints", "latency_ms", "time_scale", "error_rate_5xx",
+                         "malformed_rate", "seed", "other_consumer_share", "not_found_for", "key_forbidden")
+        }
+        return {
+            **data,
+            "read_budget": self.read_budget.to_dict(),
+            "create_budget": self.create_budget.to_dict(),
+            "rate_limit_per_minute": self.read_budget.per_minute,
+            "list": self.listing.to_dict(),
+            "webhooks": self.webhooks.to_dict(),
+        }
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def _limit(value: Any, name: str) -> int | None:
+    return None if value is None else check_int(value, name, 1, 10**12)
+
+
+def _budget(value: Any, name: str) -> Budget:
+    raw = check_keys({} if value is None else value, ("per_minute", "per_day"), name)
+    return Budget(_limit(raw.get("per_minute"), "per_minute"), _limit(raw.get("per_day"), "per_day"))
+
+
+def _kinds(value: Any, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(k, str) for k in value):
+        raise SpecError(f"{name} must be a list of kinds", name)
+    for kind in value:
+        check_choice(kind, name, DEFAULT_DURATION)
+    return tuple(value)
+
+
+def _list_mode(value: Any) -> ListMode:
+    raw = check_keys({} if value is None else value, ListMode.__dataclass_fields__, "list")
+    newest_n = raw.get("newest_n")
+    return ListMode(
+        fields=check_choice(raw.get("fields", "minimal"), "fields", LIST_FIELDS, "list."),
+        order=check_choice(raw.get("order", "any"), "order", LIST_ORDERS, "list."),
+        cursor=check_bool(raw.get("cursor", False), "cursor", "list."),
+        multi_status=check_bool(raw.get("multi_status", False), "multi_status", "list."),
+        omit_kinds=_kinds(raw.get("omit_kinds", []), "omit_kinds"),
+        newest_n=None if newest_n is None else check_int(newest_n, "newest_n", 0, 10**9, "list."),
+        lag=check_number(raw.get("lag", 0.0), "lag", prefix="list."),
+        route=check_choice(raw.get("route", "ok"), "route", LIST_ROUTES, "list."),
+    )
+
+
+def _webhooks(value: Any) -> Webhooks:
+    raw = check_keys({} if value is None else value, Webhooks.__dataclass_fields__, "webhooks")
+    secret = raw.get("secret", DEFAULT_WEBHOOK_SECRET)
+    if not isinstance(secret, str) or not secret:
+        raise SpecError("webhooks.secret must be a non-empty string", "secret")
+
+    def share(name: str) -> float:
+        return check_number(raw.get(name, 0.0), name, 0.0, 1.0, "webhooks.")
+
+    return Webhooks(
+        kinds=_kinds(raw.get("kinds", []), "kinds"),
+        secret=secret,
+        loss=share("loss"),
+        duplicate=share("duplicate"),
+        delay=check_number(raw.get("delay", 0.0), "delay", prefix="webhooks."),
+        bad_signature=share("bad_signature"),
+    )
+
+
+def _api_key(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise SpecError("api_key must be a non-empty string", "api_key")
+    return value
+
+
+def _seed(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SpecError("seed must be an integer or null", "seed")
+    return value
+
+
+def _time_scale(value: Any) -> float:
+    scale = check_number(value, "time_scale", 0.0, 1.0)
+    if scale <= 0:
+        raise SpecError("time_scale must be in (0, 1]", "time_scale")
+    return scale
+
+
+#: Config field -> (attribute, parser of a raw value).
+_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "api_key": ("api_key", _api_key),
+    "hints": ("hints", lambda v: check_bool(v, "hints")),
+    "exact_hints": ("exact_hints", lambda v: check_bool(v, "exact_hints")),
+    "key_forbidden": ("key_forbidden", lambda v: check_bool(v, "key_forbidden")),
+    "latency_ms": ("latency_ms", lambda v: check_int(v, "latency_ms", 0, 600_000)),
+    "error_rate_5xx": ("error_rate_5xx", lambda v: check_number(v, "error_rate_5xx", 0.0, 1.0)),
+    "malformed_rate": ("malformed_rate", lambda v: check_number(v, "malformed_rate", 0.0, 1.0)),
+    "other_consumer_share": ("other_consumer_share", lambda v: check_number(v, "other_consumer_share", 0.0, 1.0)),
+    "not_found_for": ("not_found_for", lambda v: check_number(v, "not_found_for")),
+    "seed": ("seed", _seed),
+    "read_budget": ("read_budget", lambda v: _budget(v, "read_budget")),
+    "create_budget": ("create_budget", lambda v: _budget(v, "create_budget")),
+    "list": ("listing", _list_mode),
+    "webhooks": ("webhooks", _webhooks),
+}
+
+
+def updated(base: Config, changes: Mapping[str, Any], *, initial: bool = False) -> Config:
+    """``base`` with ``changes`` applied, validated; ``initial`` allows setting ``time_scale``.
+
+    ``rate_limit_per_minute`` is an alias of ``read_budget.per_minute`` and is applied after a
+    ``read_budget`` given in the same call.
+    """
+    values: dict[str, Any] = {}
+    for name, value in changes.items():
+        if name == "time_scale":
+            scale = _time_scale(value)
+            if not initial and not math.isclose(scale, base.time_scale):
+                raise SpecError(
+                    "time_scale is the clock scale and is fixed when the simulator starts; "
+                    "start another simulator to change it",
+                    name,
+                )
+            values["time_scale"] = scale
+        elif name in _FIELDS:
+            attribute, parse = _FIELDS[name]
+            values[attribute] = parse(value)
+        elif name != "rate_limit_per_minute":
+            raise SpecError(f"unknown config field {name!r}", name)
+    if "rate_limit_per_minute" in changes:
+        per_minute = _limit(changes["rate_limit_per_minute"], "rate_limit_per_minute")
+        values["read_budget"] = replace(values.get("read_budget", base.read_budget), per_minute=per_minute)
+    return replace(base, **values)

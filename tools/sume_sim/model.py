@@ -1,0 +1,588 @@
+"""The simulator's model: Sume's behaviour without sockets or an HTTP server.
+
+:class:`Model` holds the jobs, the per-key budgets, idempotency records, counters and webhook
+plans behind one lock, and answers each public call with a :class:`Reply` (status, JSON body,
+headers, an optional delay); :mod:`tools.sume_sim.http` only routes and renders. All time is the
+injected clock's (clock seconds), so unit tests drive it with a fake wall clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import hmac
+import json
+import random
+import secrets
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from hashlib import sha256
+from typing import Any, Protocol
+
+from tools.sume_sim import listing
+from tools.sume_sim.budget import Admission, BudgetBook, RateView
+from tools.sume_sim.config import Config, updated
+from tools.sume_sim.spec import DEFAULT_DURATION, JobSpec, SpecError, parse_spec
+from tools.sume_sim.timeline import Job, iso
+
+READS, CREATES = "reads", "creates"
+ERROR_CODES: dict[int, str] = {
+    400: "bad_request",
+    401: "unauthorized",
+    402: "insufficient_credits",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    429: "rate_limit_exceeded",
+}
+MAX_IDEMPOTENCY_KEYS = 20_000
+MAX_UNKNOWN_IDS = 1_000
+RECENT_DELIVERIES = 200
+
+
+class ClockLike(Protocol):
+    scale: float
+
+    def now(self) -> float: ...
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(8)
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """``X-Sume-Signature``: ``v1=`` + hex HMAC-SHA256 of ``"{timestamp}.{raw body}"``."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, sha256).hexdigest()
+    return f"v1={digest}"
+
+
+@dataclass(frozen=True)
+class Request:
+    """Who calls: the API keys the request presented (bearer and/or ``X-Api-Key``)."""
+
+    api_keys: tuple[str, ...] = ()
+    request_id: str = field(default_factory=new_request_id)
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One public API answer. ``body`` is a JSON value unless ``raw`` (a deliberately broken body)."""
+
+    status: int
+    body: Any
+    request_id: str
+    headers: tuple[tuple[str, str], ...] = ()
+    raw: bytes | None = None
+    content_type: str = "application/json"
+    delay: float = 0.0  # real seconds to wait before answering
+
+    def header(self, name: str) -> str | None:
+        return next((v for k, v in self.headers if k.lower() == name.lower()), None)
+
+
+class _Answer:
+    """Builds the replies of one request: its request id and rate-limit headers on every one."""
+
+    def __init__(self, request_id: str, rate: RateView | None) -> None:
+        self.request_id = request_id
+        self.headers = tuple(rate.headers()) if rate is not None else ()
+
+    def value(self, status: int, body: Any, *, delay: float = 0.0) -> Reply:
+        """A reply whose body is ``body`` as is (a list or string carries no request id)."""
+        return Reply(status, body, self.request_id, self.headers, delay=delay)
+
+    def json(self, status: int, payload: dict[str, Any], *, delay: float = 0.0) -> Reply:
+        return self.value(status, {**payload, "request_id": self.request_id}, delay=delay)
+
+    def error(self, status: int, code: str, message: str, details: dict[str, Any] | None = None,
+              retry_after: int | str | None = None) -> Reply:
+        body = {"error": {"code": code, "message": message, "details": details or {}}, "request_id": self.request_id}
+        extra = (("Retry-After", str(retry_after)),) if retry_after is not None else ()
+        return Reply(status, body, self.request_id, self.headers + extra)
+
+    def fault(self, fault: str, job_id: str) -> Reply:
+        """An injected fault (anything but ``slow:``)."""
+        if fault == "malformed":
+            return self._raw(('{"job": {"id": "' + job_id + '", "status": "runn').encode())
+        if fault == "html":
+            page = b"<!DOCTYPE html><html><head><title>Bad Gateway</title></head><body>502</body></html>"
+            return self._raw(page, "text/html; charset=utf-8")
+        if fault == "empty":
+            return self._raw(b"")
+        code_text, _, retry = fault.partition(":")
+        status = int(code_text)
+        code = ERROR_CODES.get(status, "internal_error" if status >= 500 else "error")
+        retry_after = retry or (1 if status == 429 else None)
+        return self.error(status, code, f"simulated {status} fault", retry_after=retry_after)
+
+    def _raw(self, body: bytes, content_type: str = "application/json") -> Reply:
+        return Reply(200, None, self.request_id, self.headers, raw=body, content_type=content_type)
+
+
+@dataclass(frozen=True)
+class WebhookPlan:
+    """One planned event delivery, fixed (with its random fates) when the job is created."""
+
+    due: float  # clock time
+    event_id: str
+    job_id: str
+    url: str
+    body: bytes
+    lost: bool
+    duplicate: bool
+    bad_signature: bool
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A due delivery, ready to POST: ``copies`` times the same body and headers."""
+
+    plan: WebhookPlan
+    headers: dict[str, str]
+    copies: int
+    generation: int
+
+
+def _slow_ms(fault: str | None) -> float:
+    return int(fault.partition(":")[2]) / 1000.0 if fault is not None and fault.startswith("slow:") else 0.0
+
+
+@dataclass
+class _Read:
+    """A job read past its gates (or stopped by one: ``refusal``)."""
+
+    answer: _Answer
+    now: float
+    job: Job | None = None
+    refusal: Reply | None = None
+
+
+class Model:
+    """Sume's behaviour behind one lock; every public method is thread-safe."""
+
+    def __init__(self, clock: ClockLike, config: Config | None = None, *, max_jobs: int = 20_000) -> None:
+        base = config or Config(time_scale=clock.scale)
+        if abs(base.time_scale - clock.scale) > 1e-12:
+            raise ValueError(f"config time_scale {base.time_scale} differs from the clock's {clock.scale}")
+        self.clock = clock
+        self.max_jobs = max_jobs
+        self._initial = base
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._reset_locked()
+
+    # ------------------------------------------------------------------ control
+
+    def reset(self) -> None:
+        """Clear jobs, counters, budgets, idempotency keys and webhooks; restore the start config."""
+        with self._lock:
+            self._reset_locked()
+
+    def _reset_locked(self) -> None:
+        self._config = self._initial
+        self._rng = random.Random(self._config.seed)
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self._unknown_reads: OrderedDict[str, dict[str, int]] = OrderedDict()
+        self._idempotency: OrderedDict[str, Reply] = OrderedDict()
+        self._create_attempts: dict[str, int] = {}
+        self._books: dict[tuple[str, str], BudgetBook] = {}
+        self._plans: list[tuple[float, int, WebhookPlan]] = []
+        self._plan_seq = 0
+        self._generation += 1
+        self._deliveries: deque[dict[str, Any]] = deque(maxlen=RECENT_DELIVERIES)
+        self._hooks: dict[str, Any] = {"planned": 0, "sent": 0, "lost": 0, "duplicated": 0, "bad_signature": 0,
+                                       "statuses": {}}
+        self._counters = dict.fromkeys(
+            ("status_reads", "result_reads", "list_reads", "creates", "jobs_created", "create_requests", "replays",
+             "insufficient_credits", "unauthorized", "forbidden", "rate_limited"), 0)
+
+    @property
+    def config(self) -> Config:
+        with self._lock:
+            return self._config
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """Apply validated config changes; return the whole config."""
+        with self._lock:
+            self._config = updated(self._config, changes)
+            if "seed" in changes:
+                self._rng = random.Random(self._config.seed)
+            return self._config.to_dict()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            now = self.clock.now()
+            jobs: dict[str, Any] = {
+                job.id: {"status_reads": job.status_reads, "result_reads": job.result_reads,
+                         "min_reads": job.min_reads(), "status": job.state(now).status,
+                         "status_reads_after_terminal": job.status_reads_after_terminal}
+                for job in self._jobs.values()
+            }
+            for job_id, reads in self._unknown_reads.items():
+                jobs.setdefault(job_id, {**reads, "min_reads": None, "status": None})
+            return {**self._counters, "jobs": jobs, "webhooks": self._webhook_summary()}
+
+    def job_info(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None:
+                return None
+            state = job.state(self.clock.now())
+            return {
+                "id": job.id, "kind": job.kind, "type": job.sume_type, "status": state.status,
+                "terminal": state.terminal, "result_ready": state.result_ready,
+                "status_reads": job.status_reads, "result_reads": job.result_reads, "min_reads": job.min_reads(),
+                "terminal_status": job.spec.outcome,
+                "faults_remaining": list(job.spec.faults[job.fault_cursor:]),
+                "result_faults_remaining": list(job.spec.result_faults[job.result_fault_cursor:]),
+                "created_at": iso(job.created), "terminal_at": iso(job.terminal_at),
+                "not_found_for": job.not_found_for, "webhook_url": job.webhook_url, "spec": job.spec.to_dict(),
+            }
+
+    def unknown_reads(self, job_id: str) -> dict[str, int]:
+        """Reads of an id that was never created."""
+        with self._lock:
+            return dict(self._unknown_reads.get(job_id, {"status_reads": 0, "result_reads": 0}))
+
+    def seed_job(self, kind: str = "image", sim: dict[str, Any] | None = None, job_id: str | None = None,
+                 age: float = 0.0, webhook_url: str | None = None) -> str:
+        """Create a job directly (no billing, no budget), as if created ``age`` clock seconds ago."""
+        if kind not in DEFAULT_DURATION:
+            raise SpecError(f"kind must be one of {', '.join(DEFAULT_DURATION)}", "kind")
+        if job_id is not None and (not isinstance(job_id, str) or not job_id or "/" in job_id):
+            raise SpecError("id must be a non-empty string without '/'", "id")
+        if isinstance(age, bool) or not isinstance(age, int | float) or age < 0:
+            raise SpecError("age must be a number >= 0", "age")
+        spec = parse_spec(kind, sim)
+        with self._lock:
+            url = self._webhook_url(kind, webhook_url)
+            if job_id is not None and job_id in self._jobs:
+                raise SpecError(f"job {job_id} already exists", "id")
+            return self._new_job(kind, spec, job_id, self.clock.now() - float(age), url).id
+
+    def budget_stats(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+        """Per class and window size, the kept windows of the current key (see :mod:`.budget`)."""
+        with self._lock:
+            now = self.clock.now()
+            share = self._config.other_consumer_share
+            return {cls: self._book(cls).history(now, share if cls == READS else 0.0) for cls in (READS, CREATES)}
+
+    def webhook_stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {**self._webhook_summary(), "deliveries": list(self._deliveries)}
+
+    def latency_seconds(self) -> float:
+        with self._lock:
+            return self._config.latency_ms / 1000.0
+
+    # ------------------------------------------------------------------ public API
+
+    def create(self, req: Request, kind: str, body: bytes) -> Reply:
+        """``POST`` of a create route: a paid job (or several), idempotent per ``Idempotency-Key``."""
+        with self._lock:
+            now = self.clock.now()
+            denied = self._deny(req, CREATES, now)
+            if denied is not None:
+                return denied
+            self._counters["create_requests"] += 1
+            admission = self._spend(CREATES, now)
+            answer = _Answer(req.request_id, admission.rate)
+            if not admission.allowed:
+                return self._rate_limited(answer, admission)
+            spec, url, error = self._parse_create(kind, body)
+            fault = self._create_fault(req, spec)
+            if fault is not None and not fault.startswith("slow:"):
+                return answer.fault(fault, "")
+            key = req.idempotency_key
+            if key is not None and key in self._idempotency:
+                self._counters["replays"] += 1
+                self._idempotency.move_to_end(key)
+                stored = self._idempotency[key]
+                return dataclasses.replace(stored, headers=(*answer.headers, ("Idempotent-Replayed", "true")))
+            if spec is None:
+                assert error is not None
+                details = {"field": error.field_name} if error.field_name else {}
+                return answer.error(400, "bad_request", str(error), details)
+            reply = self._start(answer, kind, spec, url, now)
+            if key is not None:
+                self._idempotency[key] = reply
+                while len(self._idempotency) > MAX_IDEMPOTENCY_KEYS:
+                    self._idempotency.popitem(last=False)
+            return dataclasses.replace(reply, delay=_slow_ms(fault))
+
+    def read_status(self, req: Request, job_id: str) -> Reply:
+        """``GET /jobs/{id}``."""
+        with self._lock:
+            read = self._open_read(req, job_id, "status_reads")
+            if read.refusal is not None:
+                return read.refusal
+            job = read.job
+            assert job is not None
+            fault = job.take_fault() or self._random_fault()
+            if fault is not None and not fault.startswith("slow:"):
+                return read.answer.fault(fault, job_id)
+            hints = self._config.hints if job.spec.hints is None else job.spec.hints
+            view = job.view(read.now, hints=hints, exact=self._config.exact_hints, override=job.take_override())
+            job.terminal_served = job.terminal_served or job.state(read.now).terminal
+            return read.answer.json(200, {"job": view}, delay=_slow_ms(fault))
+
+    def read_result(self, req: Request, job_id: str) -> Reply:
+        """``GET /jobs/{id}/result``: 200 in the job's result shape once ready, else 409."""
+        with self._lock:
+            read = self._open_read(req, job_id, "result_reads")
+            if read.refusal is not None:
+                return read.refusal
+            job = read.job
+            assert job is not None
+            fault = job.take_result_fault()
+            if fault is not None and not fault.startswith("slow:"):
+                return read.answer.fault(fault, job_id)
+            state = job.state(read.now)
+            if not (state.success and state.result_ready):
+                details = {"status": state.status, "terminal": state.terminal}
+                return read.answer.error(409, "result_not_ready", f"result of job {job_id} is not available", details)
+            return read.answer.value(200, job.result_body(read.answer.request_id), delay=_slow_ms(fault))
+
+    def list_jobs(self, req: Request, query: Mapping[str, list[str]]) -> Reply:
+        """``GET /jobs?limit=&cursor=&type=&status=``, in the configured list mode."""
+        with self._lock:
+            now = self.clock.now()
+            denied = self._deny(req, READS, now)
+            if denied is not None:
+                return denied
+            self._counters["list_reads"] += 1
+            admission = self._spend(READS, now)
+            answer = _Answer(req.request_id, admission.rate)
+            if not admission.allowed:
+                return self._rate_limited(answer, admission)
+            mode = self._config.listing
+            if mode.route != "ok":
+                return self._list_route_refusal(answer, mode.route)
+            try:
+                parsed = listing.parse_query(query, mode)
+            except SpecError as exc:
+                return answer.error(400, "bad_request", str(exc), {"field": exc.field_name})
+            return answer.json(200, listing.page(self._jobs.values(), now, mode, parsed))
+
+    def refuse(self, req: Request, status: int, message: str) -> Reply:
+        """An unknown route or method under the API prefix (after the key checks)."""
+        with self._lock:
+            now = self.clock.now()
+            denied = self._deny(req, READS, now)
+            if denied is not None:
+                return denied
+            return _Answer(req.request_id, self._peek(READS, now)).error(status, ERROR_CODES[status], message)
+
+    # ------------------------------------------------------------------ webhooks
+
+    def take_due_webhooks(self) -> list[Delivery]:
+        """Pop the deliveries due now; lost ones are only counted. Headers are signed now."""
+        with self._lock:
+            now = self.clock.now()
+            due: list[Delivery] = []
+            while self._plans and self._plans[0][0] <= now:
+                plan = heapq.heappop(self._plans)[2]
+                if plan.lost:
+                    self._hooks["lost"] += 1
+                    self._deliveries.append({"event_id": plan.event_id, "job_id": plan.job_id, "lost": True})
+                    continue
+                due.append(Delivery(plan, self.webhook_headers(plan, int(now)), 2 if plan.duplicate else 1,
+                                    self._generation))
+            return due
+
+    def webhook_headers(self, plan: WebhookPlan, timestamp: int) -> dict[str, str]:
+        secret = self._config.webhooks.secret
+        key = secret + ".wrong" if plan.bad_signature else secret
+        return {
+            "Content-Type": "application/json",
+            "X-Sume-Event-Id": plan.event_id,
+            "X-Sume-Timestamp": str(timestamp),
+            "X-Sume-Signature": sign(key, timestamp, plan.body),
+        }
+
+    def next_webhook_due(self) -> float | None:
+        with self._lock:
+            return self._plans[0][0] if self._plans else None
+
+    def record_delivery(self, delivery: Delivery, outcomes: list[int | str]) -> None:
+        """Record what the receiver answered (an HTTP status or an error name) to each copy."""
+        with self._lock:
+            if delivery.generation != self._generation:
+                return  # planned before a reset
+            plan = delivery.plan
+            self._hooks["sent"] += len(outcomes)
+            self._hooks["duplicated"] += int(plan.duplicate)
+            self._hooks["bad_signature"] += int(plan.bad_signature)
+            for outcome in outcomes:
+                self._hooks["statuses"][str(outcome)] = self._hooks["statuses"].get(str(outcome), 0) + 1
+            self._deliveries.append({
+                "event_id": plan.event_id, "job_id": plan.job_id, "due": plan.due, "sent_at": self.clock.now(),
+                "copies": delivery.copies, "bad_signature": plan.bad_signature, "statuses": list(outcomes),
+            })
+
+    def _webhook_summary(self) -> dict[str, Any]:
+        return {**self._hooks, "statuses": dict(self._hooks["statuses"]), "pending": len(self._plans)}
+
+    def _plan_webhook(self, job: Job) -> None:
+        event = job.webhook_event()
+        if job.webhook_url is None or event is None:
+            return
+        suffix, at = event
+        hooks = self._config.webhooks
+        lost, duplicate, bad = (self._rng.random() < p for p in (hooks.loss, hooks.duplicate, hooks.bad_signature))
+        event_id = "evt_" + secrets.token_hex(12)
+        body = json.dumps({
+            "id": event_id, "type": f"{job.sume_type}.{suffix}", "created_at": iso(at),
+            "data": {"job_id": job.id, "status": job.spec.outcome, "type": job.sume_type},
+        }, separators=(",", ":")).encode()
+        plan = WebhookPlan(at + hooks.delay, event_id, job.id, job.webhook_url, body, lost, duplicate, bad)
+        self._plan_seq += 1
+        heapq.heappush(self._plans, (plan.due, self._plan_seq, plan))
+        self._hooks["planned"] += 1
+
+    def _webhook_url(self, kind: str, url: Any) -> str | None:
+        if url is None:
+            return None
+        if kind not in self._config.webhooks.kinds:
+            raise SpecError(f"webhook_url is not supported for {kind} jobs", "webhook_url")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise SpecError("webhook_url must be an http(s) URL", "webhook_url")
+        return url
+
+    # ------------------------------------------------------------------ internals
+
+    def _book(self, cls: str) -> BudgetBook:
+        return self._books.setdefault((self._config.api_key, cls), BudgetBook())
+
+    def _budget_args(self, cls: str) -> tuple[Any, float]:
+        if cls == READS:
+            return self._config.read_budget, self._config.other_consumer_share
+        return self._config.create_budget, 0.0
+
+    def _spend(self, cls: str, now: float) -> Admission:
+        budget, share = self._budget_args(cls)
+        admission = self._book(cls).admit(now, budget, share)
+        if not admission.allowed:
+            self._counters["rate_limited"] += 1
+        return admission
+
+    def _peek(self, cls: str, now: float) -> RateView | None:
+        budget, share = self._budget_args(cls)
+        return self._book(cls).peek(now, budget, share)
+
+    def _deny(self, req: Request, cls: str, now: float) -> Reply | None:
+        """401 for a wrong key, 403 when the key's workspace is refused; None: go on."""
+        key = self._config.api_key.encode()
+        authorized = any(hmac.compare_digest(k.encode(), key) for k in req.api_keys)
+        if authorized and not self._config.key_forbidden:
+            return None
+        answer = _Answer(req.request_id, self._peek(cls, now))
+        if not authorized:
+            self._counters["unauthorized"] += 1
+            return answer.error(401, "unauthorized", "missing or invalid API key")
+        self._counters["forbidden"] += 1
+        return answer.error(403, "forbidden", "this API key's workspace may not use this API")
+
+    @staticmethod
+    def _rate_limited(answer: _Answer, admission: Admission) -> Reply:
+        return answer.error(429, "rate_limit_exceeded", "rate limit exceeded", retry_after=admission.retry_after)
+
+    def _open_read(self, req: Request, job_id: str, counter: str) -> _Read:
+        """Gate a job read: key checks, budget, unknown id, read-after-create lag, foreign job."""
+        now = self.clock.now()
+        denied = self._deny(req, READS, now)
+        if denied is not None:
+            return _Read(_Answer(req.request_id, None), now, refusal=denied)
+        self._counters[counter] += 1
+        admission = self._spend(READS, now)
+        read = _Read(_Answer(req.request_id, admission.rate), now, self._jobs.get(job_id))
+        self._count_job_read(read.job, job_id, counter, now)
+        if not admission.allowed:
+            read.refusal = self._rate_limited(read.answer, admission)
+        elif read.job is None or now < read.job.visible_at:
+            read.refusal = read.answer.error(404, "not_found", f"job {job_id} not found")
+        elif read.job.spec.forbidden:
+            self._counters["forbidden"] += 1
+            read.refusal = read.answer.error(403, "forbidden", f"job {job_id} belongs to another workspace")
+        return read
+
+    def _count_job_read(self, job: Job | None, job_id: str, counter: str, now: float) -> None:
+        if job is None:
+            reads = self._unknown_reads.setdefault(job_id, {"status_reads": 0, "result_reads": 0})
+            reads[counter] += 1
+            self._unknown_reads.move_to_end(job_id)
+            while len(self._unknown_reads) > MAX_UNKNOWN_IDS:
+                self._unknown_reads.popitem(last=False)
+            return
+        setattr(job, counter, getattr(job, counter) + 1)
+        if counter == "status_reads" and job.first_read is None:
+            job.first_read = now
+        if counter == "status_reads" and job.terminal_served:
+            job.status_reads_after_terminal += 1
+
+    def _random_fault(self) -> str | None:
+        config = self._config
+        if config.error_rate_5xx and self._rng.random() < config.error_rate_5xx:
+            return self._rng.choice(["500", "503:1"])
+        if config.malformed_rate and self._rng.random() < config.malformed_rate:
+            return "malformed"
+        return None
+
+    @staticmethod
+    def _list_route_refusal(answer: _Answer, route: str) -> Reply:
+        if route == "missing":
+            return answer.error(404, "not_found", "no route for /api/v1/jobs")
+        if route == "forbidden":
+            return answer.error(403, "forbidden", "listing jobs is not allowed for this key")
+        return answer.error(400, "bad_request", "the list request was rejected")
+
+    def _parse_create(self, kind: str, body: bytes) -> tuple[JobSpec | None, str | None, SpecError | None]:
+        """(spec, webhook url, None) or (None, None, the error) for a create body."""
+        try:
+            payload = json.loads(body) if body.strip() else {}
+            if not isinstance(payload, dict):
+                raise SpecError("request body must be a JSON object")
+            return parse_spec(kind, payload.get("sim")), self._webhook_url(kind, payload.get("webhook_url")), None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None, None, SpecError("request body is not valid JSON")
+        except SpecError as exc:
+            return None, None, exc
+
+    def _create_fault(self, req: Request, spec: JobSpec | None) -> str | None:
+        """The create fault for this attempt of one Idempotency-Key, consumed."""
+        if spec is None or not spec.create_faults:
+            return None
+        key = req.idempotency_key or req.request_id
+        attempt = self._create_attempts.get(key, 0)
+        self._create_attempts[key] = attempt + 1
+        return spec.create_faults[attempt] if attempt < len(spec.create_faults) else None
+
+    def _start(self, answer: _Answer, kind: str, spec: JobSpec, url: str | None, now: float) -> Reply:
+        """Bill and start the job(s), or answer 402."""
+        if spec.insufficient_credits:
+            self._counters["insufficient_credits"] += 1
+            details = {"required": 1, "available": 0}
+            return answer.error(402, "insufficient_credits", "not enough credits to start this job", details)
+        self._counters["creates"] += 1
+        jobs = [self._new_job(kind, spec, None, now, url) for _ in range(spec.count)]
+        if spec.id_shape == "job_ids":
+            return answer.json(201, {"job_ids": [j.id for j in jobs]})
+        if spec.id_shape == "job_id":
+            return answer.json(201, {"job_id": jobs[0].id, "status": "queued"})
+        return answer.json(201, {"job": {"id": jobs[0].id, "status": "queued", "type": jobs[0].sume_type}})
+
+    def _new_job(self, kind: str, spec: JobSpec, job_id: str | None, created: float, url: str | None) -> Job:
+        not_found_for = self._config.not_found_for if spec.not_found_for is None else spec.not_found_for
+        result_url = f"https://cdn.sume.example/signed/{secrets.token_hex(16)}?sig={secrets.token_hex(16)}"
+        job = Job(job_id or "job_" + secrets.token_hex(12), kind, spec, created, not_found_for, result_url, url)
+        self._jobs[job.id] = job
+        self._counters["jobs_created"] += 1
+        while len(self._jobs) > self.max_jobs:
+            self._jobs.popitem(last=False)
+        self._plan_webhook(job)
+        return job
