@@ -1,44 +1,76 @@
-"""Read the SAM template the way CloudFormation/SAM would, without AWS.
+"""The project's own reading of template.yaml, for running its functions locally without AWS.
 
-* :func:`load_template` parses YAML with the short-form intrinsic tags (``!Ref``, ``!GetAtt``,
-  ``!Sub``...) turned into their long forms (``{"Ref": ...}``, ``{"Fn::GetAtt": [...]}``...).
-* :class:`Resolver` evaluates intrinsics against parameter values, pseudo parameters, conditions
-  and (optionally) the physical names/attributes of resources created locally.
-* :func:`function_spec` merges ``Globals.Function`` into one ``AWS::Serverless::Function`` and
-  resolves what a local invoke needs (handler, code and layer dirs, timeout, environment).
-* :func:`provision` creates the template's DynamoDB tables and SQS queues, from the template's own
-  properties, in a local AWS endpoint (moto server, ministack) and binds their real names/ARNs
-  into the resolver.
+``sam local`` needs Docker and CloudFormation needs AWS; the local tooling (tools.local_invoke,
+tools.localrun, tools.ministack, the benches) only needs to know what the template says. This
+module reads exactly the part of CloudFormation and SAM that template.yaml uses:
+
+* :func:`load_template` parses the YAML, turning short-form tags (``!Ref``, ``!Sub``...) into
+  their long forms (``{"Ref": ...}``, ``{"Fn::Sub": ...}``...).
+* :class:`Resolver` evaluates the intrinsic functions listed in :data:`SUPPORTED_INTRINSICS`
+  against parameter values, pseudo parameters, conditions and the physical names of resources
+  created locally. Any other intrinsic raises :class:`UnsupportedIntrinsic`, naming the function
+  and where it was used: add it here when the template starts to need it.
+* :func:`functions` and :func:`function_spec` merge ``Globals.Function`` into each
+  ``AWS::Serverless::Function`` and resolve what a local invoke needs (handler, code and layer
+  directories, timeout, memory, environment).
+* :func:`provision` creates the template's DynamoDB tables, SQS queues and S3 buckets in a local
+  AWS endpoint (moto server, ministack) and binds their real names into the resolver. Every other
+  resource type (log groups, alarms, dashboards, rules, ...) is skipped.
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import ipaddress
 import json
+import logging
 import re
-import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 __all__ = [
     "NO_VALUE",
+    "SUPPORTED_INTRINSICS",
     "FunctionSpec",
+    "Provisioned",
     "Resolver",
     "Template",
+    "TemplateError",
+    "UnsupportedIntrinsic",
     "function_spec",
     "functions",
     "load_template",
+    "merged_function_properties",
     "provision",
 ]
 
 STACK_NAME = "sume-poller"
+
+SUPPORTED_INTRINSICS = (
+    "Ref", "Fn::GetAtt", "Fn::Sub", "Fn::Join", "Fn::If", "Fn::Select", "Fn::Split",
+    "Fn::Equals", "Fn::Not", "Fn::And", "Fn::Or", "Condition",
+)  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+
+class TemplateError(ValueError):
+    """The template (or a value in it) cannot be read or resolved."""
+
+
+class UnsupportedIntrinsic(TemplateError):
+    """An intrinsic function (or pseudo parameter) this module does not implement."""
+
+    def __init__(self, name: str, where: str, supported: tuple[str, ...] = SUPPORTED_INTRINSICS) -> None:
+        where = where or "(top level)"
+        super().__init__(f"{name} at {where} is not supported by tools.template (supported: {', '.join(supported)})")
+        self.name = name
+        self.where = where
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading
@@ -56,40 +88,31 @@ class Template(dict[str, Any]):
         return self.path.parent if self.path is not None else Path.cwd()
 
 
-_TAGS_WITH_FN_PREFIX = {
-    "Base64", "Cidr", "And", "Equals", "FindInMap", "GetAtt", "GetAZs", "If", "ImportValue",
-    "Join", "Not", "Or", "Select", "Split", "Sub", "Transform", "Length", "ToJsonString",
-}  # fmt: skip
-
-
 class _TemplateLoader(yaml.SafeLoader):  # type: ignore[misc]
     """SafeLoader that understands CloudFormation short-form tags and keeps dates as strings."""
 
 
-def _construct_intrinsic(loader: yaml.SafeLoader, tag_suffix: str, node: yaml.Node) -> dict[str, Any]:
+def _construct_intrinsic(loader: yaml.SafeLoader, tag: str, node: yaml.Node) -> dict[str, Any]:
+    """``!Name value`` -> ``{"Fn::Name": value}`` (``Ref`` and ``Condition`` keep their names).
+
+    Every tag is accepted here; the resolver rejects the functions it does not implement when
+    (and only if) a value using one is resolved.
+    """
     value: Any
     if isinstance(node, yaml.ScalarNode):
         value = loader.construct_scalar(node)
     elif isinstance(node, yaml.SequenceNode):
         value = loader.construct_sequence(node, deep=True)
-    elif isinstance(node, yaml.MappingNode):
+    else:
         value = loader.construct_mapping(node, deep=True)
-    else:  # pragma: no cover - yaml has no other node kinds
-        raise yaml.constructor.ConstructorError(
-            None, None, f"unexpected node for !{tag_suffix}", node.start_mark
-        )
-    if tag_suffix in ("Ref", "Condition"):
-        return {tag_suffix: value}
-    if tag_suffix not in _TAGS_WITH_FN_PREFIX:
-        raise yaml.constructor.ConstructorError(None, None, f"unknown tag !{tag_suffix}", node.start_mark)
-    if tag_suffix == "GetAtt" and isinstance(value, str):
-        logical_id, _, attribute = value.partition(".")
-        value = [logical_id, attribute]
-    return {f"Fn::{tag_suffix}": value}
+    if tag in ("Ref", "Condition"):
+        return {tag: value}
+    if tag == "GetAtt" and isinstance(value, str):
+        value = value.split(".", 1)
+    return {f"Fn::{tag}": value}
 
 
 def _construct_str(loader: yaml.SafeLoader, node: yaml.Node) -> str:
-    assert isinstance(node, yaml.ScalarNode)
     return str(loader.construct_scalar(node))
 
 
@@ -101,9 +124,9 @@ def load_template(path: str | Path = "template.yaml") -> Template:
     """Parse a CloudFormation/SAM template (YAML or JSON) into long-form intrinsics."""
     path = Path(path).resolve()
     with path.open(encoding="utf-8") as handle:
-        data = yaml.load(handle, Loader=_TemplateLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(handle, Loader=_TemplateLoader)  # noqa: S506 - a SafeLoader subclass
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: a template must be a mapping, got {type(data).__name__}")
+        raise TemplateError(f"{path}: a template must be a mapping, got {type(data).__name__}")
     template = Template(data)
     template.path = path
     return template
@@ -117,14 +140,10 @@ def load_template(path: str | Path = "template.yaml") -> Template:
 class _NoValue:
     """``AWS::NoValue``: the key or list item holding it disappears."""
 
-    _instance: _NoValue | None = None
-
-    def __new__(cls) -> _NoValue:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
     def __repr__(self) -> str:
+        return "NO_VALUE"
+
+    def __reduce__(self) -> str:  # copies (and pickles) are the one NO_VALUE
         return "NO_VALUE"
 
 
@@ -132,10 +151,28 @@ NO_VALUE: Any = _NoValue()
 
 _SUB_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
-_PSEUDO_PARAMETERS = {
-    "AWS::Region", "AWS::AccountId", "AWS::Partition", "AWS::StackName", "AWS::StackId",
-    "AWS::URLSuffix", "AWS::NotificationARNs", "AWS::NoValue",
-}  # fmt: skip
+
+def _path(where: str, key: object) -> str:
+    """``Resources.X`` + ``Properties`` -> ``Resources.X.Properties``; list indexes as ``[i]``."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    return f"{where}.{key}" if where else str(key)
+
+
+def _scalar_str(value: Any, where: str) -> str:
+    """CloudFormation turns scalars into strings where a string is expected."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | int | float):
+        return str(value)
+    raise TemplateError(f"{where}: expected a string, got {value!r}")
+
+
+def _as_list(arg: Any, size: int, usage: str, where: str, list_at: int | None = None) -> list[Any]:
+    """``arg`` if it is a list of ``size`` items (item ``list_at`` a list too), else a TemplateError."""
+    if not (isinstance(arg, list) and len(arg) == size and (list_at is None or isinstance(arg[list_at], list))):
+        raise TemplateError(f"{where}: {usage}, got {arg!r}")
+    return arg
 
 
 def _is_intrinsic(value: Any) -> bool:
@@ -145,21 +182,19 @@ def _is_intrinsic(value: Any) -> bool:
     return key == "Ref" or key.startswith("Fn::")
 
 
-def _scalar_str(value: Any, where: str) -> str:
-    """CloudFormation turns scalars into strings where a string is expected."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str | int | float):
-        return str(value)
-    raise ValueError(f"{where}: expected a string, got {value!r}")
+def _sam_function_url(resources: Mapping[str, Any], logical_id: str) -> bool:
+    """``<Function>Url``: the URL resource the SAM transform makes of a FunctionUrlConfig."""
+    function = resources.get(logical_id.removesuffix("Url")) if logical_id.endswith("Url") else None
+    return isinstance(function, dict) and "FunctionUrlConfig" in (function.get("Properties") or {})
 
 
 class Resolver:
-    """Evaluate intrinsic functions of one template.
+    """Evaluate the intrinsic functions of one template.
 
     ``parameters`` override parameter defaults; ``resources`` maps a logical id to what ``Ref``
     returns for it (default: the logical id itself, like ``sam local``); ``attributes`` maps
     ``"Logical.Attr"`` to what ``Fn::GetAtt`` returns (default: a plausible placeholder).
+    ``where`` arguments name the place in the template a value comes from, for error messages.
     """
 
     def __init__(
@@ -177,10 +212,9 @@ class Resolver:
         self.attributes: dict[str, str] = dict(attributes or {})
         self.region = region
         self.account_id = account_id
-        declared = template.get("Parameters") or {}
-        unknown = sorted(set(self.parameters) - set(declared))
+        unknown = sorted(set(self.parameters) - set(self._section("Parameters")))
         if unknown:
-            raise ValueError(f"parameters not declared in the template: {', '.join(unknown)}")
+            raise TemplateError(f"parameters not declared in the template: {', '.join(unknown)}")
         self._conditions: dict[str, bool] = {}
         self._evaluating: set[str] = set()
 
@@ -192,23 +226,23 @@ class Resolver:
         for attribute, value in (attrs or {}).items():
             self.attributes[f"{logical_id}.{attribute}"] = value
 
-    def resolve(self, value: Any) -> Any:
+    def resolve(self, value: Any, where: str = "") -> Any:
         """Recursively evaluate intrinsics in ``value`` (a top-level ``AWS::NoValue`` gives None)."""
-        result = self._resolve(value)
+        result = self._resolve(value, where)
         return None if result is NO_VALUE else result
 
     def condition(self, name: str) -> bool:
         """Value of the named entry of the template's ``Conditions``."""
         if name in self._conditions:
             return self._conditions[name]
-        conditions = self.template.get("Conditions") or {}
+        conditions = self._section("Conditions")
         if name not in conditions:
-            raise KeyError(f"condition {name!r} is not defined in Conditions")
+            raise TemplateError(f"condition {name!r} is not defined in Conditions")
         if name in self._evaluating:
-            raise ValueError(f"condition {name!r} refers to itself")
+            raise TemplateError(f"condition {name!r} refers to itself")
         self._evaluating.add(name)
         try:
-            result = self._evaluate_condition(conditions[name])
+            result = self._truth(conditions[name], f"Conditions.{name}")
         finally:
             self._evaluating.discard(name)
         self._conditions[name] = result
@@ -216,261 +250,210 @@ class Resolver:
 
     def parameter(self, name: str) -> str | list[str]:
         """Value of a template parameter: override, else Default (lists for list types)."""
-        declared = self.template.get("Parameters") or {}
+        declared = self._section("Parameters")
         if name not in declared:
-            raise KeyError(f"parameter {name!r} is not declared")
+            raise TemplateError(f"parameter {name!r} is not declared")
         spec = declared[name] or {}
         if name in self.parameters:
             raw: Any = self.parameters[name]
         elif "Default" in spec:
             raw = spec["Default"]
         else:
-            raise ValueError(f"parameter {name!r} has no Default and no override")
+            raise TemplateError(f"parameter {name!r} has no Default and no override")
         param_type = str(spec.get("Type", "String"))
         if param_type == "CommaDelimitedList" or param_type.startswith("List<"):
             if isinstance(raw, list):
-                return [_scalar_str(item, name) for item in raw]
-            return [item.strip() for item in _scalar_str(raw, name).split(",")]
-        return _scalar_str(raw, name)
+                return [_scalar_str(item, f"Parameters.{name}") for item in raw]
+            return [item.strip() for item in _scalar_str(raw, f"Parameters.{name}").split(",")]
+        return _scalar_str(raw, f"Parameters.{name}")
 
-    # -- internals ------------------------------------------------------------------------------
+    # -- walking values -------------------------------------------------------------------------
 
-    def _resolve(self, value: Any) -> Any:
+    def _section(self, name: str) -> Mapping[str, Any]:
+        return self.template.get(name) or {}
+
+    def _resolve(self, value: Any, where: str) -> Any:
         if isinstance(value, list):
-            items = (self._resolve(item) for item in value)
+            items = (self._resolve(item, _path(where, i)) for i, item in enumerate(value))
             return [item for item in items if item is not NO_VALUE]
         if not isinstance(value, dict):
             return value
         if len(value) == 1:
             key, arg = next(iter(value.items()))
-            handler = self._INTRINSICS.get(key)
-            if handler is not None:
-                return handler(self, arg)
-            if key == "Condition" and isinstance(arg, str) and arg in (self.template.get("Conditions") or {}):
+            function = self._FUNCTIONS.get(key)
+            if function is not None:
+                return function(self, arg, where)
+            if str(key).startswith("Fn::"):
+                raise UnsupportedIntrinsic(key, where)
+            if key == "Condition" and isinstance(arg, str) and arg in self._section("Conditions"):
                 return self.condition(arg)
-        resolved = {k: self._resolve(v) for k, v in value.items()}
+        resolved = {k: self._resolve(v, _path(where, k)) for k, v in value.items()}
         return {k: v for k, v in resolved.items() if v is not NO_VALUE}
 
-    def _resources(self) -> Mapping[str, Any]:
-        return self.template.get("Resources") or {}
+    def _truth(self, value: Any, where: str) -> bool:
+        """A condition's value: a resolved boolean (or "true"/"false")."""
+        result = self._resolve(value, where)
+        if isinstance(result, bool):
+            return result
+        if isinstance(result, str) and result.lower() in ("true", "false"):
+            return result.lower() == "true"
+        raise TemplateError(f"{where}: not a condition: {value!r}")
 
-    def _ref(self, name: Any) -> Any:
-        name = self._resolve(name)
+    # -- the functions --------------------------------------------------------------------------
+
+    def _ref(self, name: Any, where: str) -> Any:
         if not isinstance(name, str):
-            raise ValueError(f"Ref needs a name, got {name!r}")
-        if name == "AWS::NoValue":
-            return NO_VALUE
-        if name in _PSEUDO_PARAMETERS:
-            return self._pseudo(name)
-        if name in (self.template.get("Parameters") or {}):
+            raise TemplateError(f"{where}: Ref needs a name, got {name!r}")
+        if name.startswith("AWS::"):
+            return self._pseudo(name, where)
+        if name in self._section("Parameters"):
             return self.parameter(name)
         if name in self.resources:
             return self.resources[name]
-        if name in self._resources():
+        if name in self._section("Resources"):
             return name
-        raise ValueError(f"Ref to unknown parameter or resource {name!r}")
+        raise TemplateError(f"{where}: Ref to unknown parameter or resource {name!r}")
 
-    def _pseudo(self, name: str) -> Any:
-        return {
+    def _pseudo(self, name: str, where: str) -> Any:
+        values = {
             "AWS::Region": self.region,
             "AWS::AccountId": self.account_id,
             "AWS::Partition": "aws",
             "AWS::StackName": STACK_NAME,
-            "AWS::StackId": (
-                f"arn:aws:cloudformation:{self.region}:{self.account_id}:stack/{STACK_NAME}/"
-                "00000000-0000-0000-0000-000000000000"
-            ),
             "AWS::URLSuffix": "amazonaws.com",
-            "AWS::NotificationARNs": [],
-        }[name]
+            "AWS::NoValue": NO_VALUE,
+        }
+        if name not in values:
+            raise UnsupportedIntrinsic(f"Ref {name}", where, tuple(values))
+        return values[name]
 
-    def _get_att(self, arg: Any) -> Any:
-        arg = self._resolve(arg)
-        if isinstance(arg, str):
-            arg = arg.split(".", 1)
-        if not (isinstance(arg, list) and len(arg) == 2 and all(isinstance(a, str) for a in arg)):
-            raise ValueError(f"Fn::GetAtt needs [LogicalId, Attribute], got {arg!r}")
-        logical_id, attribute = arg
+    def _get_att(self, arg: Any, where: str) -> Any:
+        arg = self._resolve(arg.split(".", 1) if isinstance(arg, str) else arg, _path(where, "Fn::GetAtt"))
+        logical_id, attribute = _as_list(arg, 2, "Fn::GetAtt needs [LogicalId, Attribute]", where)
         key = f"{logical_id}.{attribute}"
         if key in self.attributes:
             return self.attributes[key]
-        resource = self._resources().get(logical_id)
+        resource = self._section("Resources").get(logical_id)
+        if resource is None and _sam_function_url(self._section("Resources"), str(logical_id)):
+            return f"https://{str(logical_id).lower()}.lambda-url.{self.region}.on.aws/"
         if resource is None:
-            raise ValueError(f"Fn::GetAtt of unknown resource {logical_id!r}")
-        return self._placeholder_attribute(logical_id, str(resource.get("Type", "")), attribute)
+            raise TemplateError(f"{where}: Fn::GetAtt of unknown resource {logical_id!r}")
+        return self._placeholder(logical_id, str(resource.get("Type", "")), str(attribute))
 
-    def _placeholder_attribute(self, logical_id: str, resource_type: str, attribute: str) -> str:
+    def _placeholder(self, logical_id: str, resource_type: str, attribute: str) -> str:
+        """What ``Fn::GetAtt`` gives for a resource that was not created: plausible ARNs and names."""
         region, account = self.region, self.account_id
         name = self.resources.get(logical_id, logical_id)
-        if resource_type == "AWS::SQS::Queue":
-            if name.startswith(("http://", "https://")):  # bound to a queue URL
-                name = name.rstrip("/").rsplit("/", 1)[-1]
-            return {
-                "Arn": f"arn:aws:sqs:{region}:{account}:{name}",
-                "QueueName": name,
-                "QueueUrl": f"https://sqs.{region}.amazonaws.com/{account}/{name}",
-            }.get(attribute, f"{name}.{attribute}")
-        if resource_type == "AWS::DynamoDB::Table":
-            arn = f"arn:aws:dynamodb:{region}:{account}:table/{name}"
-            return {"Arn": arn, "StreamArn": f"{arn}/stream/1970-01-01T00:00:00.000"}.get(
-                attribute, f"{name}.{attribute}"
-            )
-        if resource_type in ("AWS::Serverless::Function", "AWS::Lambda::Function") and attribute == "Arn":
-            return f"arn:aws:lambda:{region}:{account}:function:{name}"
-        if attribute.endswith("Arn"):
-            parts = resource_type.split("::")
-            service = parts[1].lower() if len(parts) > 1 else "unknown"
-            return f"arn:aws:{service}:{region}:{account}:{name}"
+        if resource_type == "AWS::SQS::Queue" and name.startswith(("http://", "https://")):
+            name = name.rstrip("/").rsplit("/", 1)[-1]  # bound to a queue URL
+        service = resource_type.split("::")[1].lower() if resource_type.count("::") >= 2 else "unknown"
+        arns = {
+            "AWS::SQS::Queue": f"arn:aws:sqs:{region}:{account}:{name}",
+            "AWS::DynamoDB::Table": f"arn:aws:dynamodb:{region}:{account}:table/{name}",
+            "AWS::S3::Bucket": f"arn:aws:s3:::{name}",
+            "AWS::Serverless::Function": f"arn:aws:lambda:{region}:{account}:function:{name}",
+            "AWS::Lambda::Function": f"arn:aws:lambda:{region}:{account}:function:{name}",
+        }
+        if attribute.endswith("Arn"):  # Arn, TopicArn, ...
+            generic = f"arn:aws:{service}:{region}:{account}:{name}"
+            return arns.get(resource_type, generic) if attribute == "Arn" else generic
+        if resource_type == "AWS::SQS::Queue" and attribute == "QueueUrl":
+            return f"https://sqs.{region}.amazonaws.com/{account}/{name}"
         if attribute.endswith("Name"):
             return name
         return f"{name}.{attribute}"
 
-    def _sub(self, arg: Any) -> str:
+    def _sub(self, arg: Any, where: str) -> str:
+        here = _path(where, "Fn::Sub")
         variables: dict[str, Any] = {}
         if isinstance(arg, list):
-            if len(arg) != 2 or not isinstance(arg[1], dict):
-                raise ValueError(f"Fn::Sub list form needs [string, {{variables}}], got {arg!r}")
-            text = self._resolve(arg[0])
-            variables = {k: self._resolve(v) for k, v in arg[1].items()}
+            text, given = _as_list(arg, 2, "Fn::Sub needs a string or [string, {variables}]", where)
+            if not isinstance(given, dict):
+                raise TemplateError(f"{where}: Fn::Sub variables must be a mapping, got {given!r}")
+            variables = {k: self._resolve(v, _path(_path(here, 1), k)) for k, v in given.items()}
         else:
-            text = self._resolve(arg)
+            text = arg
         if not isinstance(text, str):
-            raise ValueError(f"Fn::Sub needs a string, got {text!r}")
+            raise TemplateError(f"{where}: Fn::Sub needs a literal string, got {text!r}")
 
         def replace(match: re.Match[str]) -> str:
             name = match.group(1)
-            if name.startswith("!"):
+            if name.startswith("!"):  # ${!Literal} is written as ${Literal}
                 return "${" + name[1:] + "}"
             name = name.strip()
             if name in variables:
                 value = variables[name]
             elif "." in name and not name.startswith("AWS::"):
-                value = self._get_att(name.split(".", 1))
+                value = self._get_att(name, here)
             else:
-                value = self._ref(name)
-            return _scalar_str(value, f"Fn::Sub ${{{name}}}")
+                value = self._ref(name, here)
+            return _scalar_str(value, f"{here} ${{{name}}}")
 
         return _SUB_VARIABLE.sub(replace, text)
 
-    def _join(self, arg: Any) -> str:
-        arg = self._resolve(arg)
-        if not (isinstance(arg, list) and len(arg) == 2 and isinstance(arg[1], list)):
-            raise ValueError(f"Fn::Join needs [delimiter, [values]], got {arg!r}")
-        delimiter = _scalar_str(arg[0], "Fn::Join delimiter")
-        return delimiter.join(_scalar_str(item, "Fn::Join item") for item in arg[1])
+    def _join(self, arg: Any, where: str) -> str:
+        here = _path(where, "Fn::Join")
+        usage = "Fn::Join needs [delimiter, [values]]"
+        delimiter, values = _as_list(self._resolve(arg, here), 2, usage, where, list_at=1)
+        return _scalar_str(delimiter, here).join(_scalar_str(item, here) for item in values)
 
-    def _if(self, arg: Any) -> Any:
-        if not (isinstance(arg, list) and len(arg) == 3):
-            raise ValueError(f"Fn::If needs [condition, then, else], got {arg!r}")
-        name = self._resolve(arg[0])
-        return self._resolve(arg[1] if self.condition(name) else arg[2])
-
-    def _select(self, arg: Any) -> Any:
-        arg = self._resolve(arg)
-        if not (isinstance(arg, list) and len(arg) == 2 and isinstance(arg[1], list)):
-            raise ValueError(f"Fn::Select needs [index, [values]], got {arg!r}")
-        return arg[1][int(arg[0])]
-
-    def _split(self, arg: Any) -> list[str]:
-        arg = self._resolve(arg)
-        if not (isinstance(arg, list) and len(arg) == 2):
-            raise ValueError(f"Fn::Split needs [delimiter, string], got {arg!r}")
-        return _scalar_str(arg[1], "Fn::Split source").split(_scalar_str(arg[0], "Fn::Split delimiter"))
-
-    def _find_in_map(self, arg: Any) -> Any:
-        arg = self._resolve(arg)
-        if not (isinstance(arg, list) and len(arg) in (3, 4)):
-            raise ValueError(f"Fn::FindInMap needs [map, top key, second key], got {arg!r}")
-        mappings = self.template.get("Mappings") or {}
+    def _select(self, arg: Any, where: str) -> Any:
+        usage = "Fn::Select needs [index, [values]]"
+        index, values = _as_list(self._resolve(arg, _path(where, "Fn::Select")), 2, usage, where, list_at=1)
         try:
-            return mappings[arg[0]][arg[1]][arg[2]]
-        except KeyError:
-            if len(arg) == 4 and isinstance(arg[3], dict) and "DefaultValue" in arg[3]:
-                return arg[3]["DefaultValue"]
-            raise
+            return values[int(index)]
+        except (ValueError, IndexError) as error:
+            raise TemplateError(f"{where}: Fn::Select index {index!r} of {values!r}: {error}") from None
 
-    def _base64(self, arg: Any) -> str:
-        text = _scalar_str(self._resolve(arg), "Fn::Base64")
-        return base64.b64encode(text.encode()).decode()
+    def _split(self, arg: Any, where: str) -> list[str]:
+        here = _path(where, "Fn::Split")
+        delimiter, text = _as_list(self._resolve(arg, here), 2, "Fn::Split needs [delimiter, string]", where)
+        return _scalar_str(text, here).split(_scalar_str(delimiter, here))
 
-    def _get_azs(self, arg: Any) -> list[str]:
-        region = self._resolve(arg) or self.region
-        return [f"{region}{zone}" for zone in "abc"]
+    def _if(self, arg: Any, where: str) -> Any:
+        name, then, otherwise = _as_list(arg, 3, "Fn::If needs [condition, then, else]", where)
+        chosen = 1 if self.condition(name) else 2
+        return self._resolve(then if chosen == 1 else otherwise, _path(_path(where, "Fn::If"), chosen))
 
-    def _import_value(self, arg: Any) -> str:
-        return f"imported:{_scalar_str(self._resolve(arg), 'Fn::ImportValue')}"
+    def _equals(self, arg: Any, where: str) -> bool:
+        here = _path(where, "Fn::Equals")
+        left, right = _as_list(self._resolve(arg, here), 2, "Fn::Equals needs [value, value]", where)
+        return bool(_comparable(left, here) == _comparable(right, here))
 
-    def _cidr(self, arg: Any) -> list[str]:
-        arg = self._resolve(arg)
-        if not (isinstance(arg, list) and len(arg) == 3):
-            raise ValueError(f"Fn::Cidr needs [ipBlock, count, cidrBits], got {arg!r}")
-        network = ipaddress.ip_network(_scalar_str(arg[0], "Fn::Cidr"), strict=False)
-        count, bits = int(arg[1]), int(arg[2])
-        subnets = network.subnets(new_prefix=network.max_prefixlen - bits)
-        return [str(subnet) for _, subnet in zip(range(count), subnets, strict=False)]
+    def _not(self, arg: Any, where: str) -> bool:
+        (inner,) = _as_list(arg, 1, "Fn::Not needs [condition]", where)
+        return not self._truth(inner, _path(_path(where, "Fn::Not"), 0))
 
-    def _length(self, arg: Any) -> int:
-        value = self._resolve(arg)
-        if not isinstance(value, list):
-            raise ValueError(f"Fn::Length needs a list, got {value!r}")
-        return len(value)
+    def _and(self, arg: Any, where: str) -> bool:
+        return all(self._truths(arg, _path(where, "Fn::And")))
 
-    def _to_json_string(self, arg: Any) -> str:
-        return json.dumps(self._resolve(arg), separators=(",", ":"))
+    def _or(self, arg: Any, where: str) -> bool:
+        return any(self._truths(arg, _path(where, "Fn::Or")))
 
-    def _evaluate_condition(self, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if not (isinstance(value, dict) and len(value) == 1):
-            raise ValueError(f"not a condition: {value!r}")
-        key, arg = next(iter(value.items()))
-        if key == "Condition":
-            return self.condition(self._resolve(arg))
-        if key == "Fn::Equals":
-            left, right = (self._resolve(item) for item in arg)
-            return bool(_normalise(left) == _normalise(right))
-        if key == "Fn::Not":
-            (inner,) = arg
-            return not self._evaluate_condition(inner)
-        if key == "Fn::And":
-            return all(self._evaluate_condition(item) for item in arg)
-        if key == "Fn::Or":
-            return any(self._evaluate_condition(item) for item in arg)
-        if key == "Fn::If":
-            return self._evaluate_condition(self._if(arg))
-        raise ValueError(f"not a condition function: {key}")
+    def _truths(self, arg: Any, where: str) -> Iterator[bool]:
+        for i, item in enumerate(arg if isinstance(arg, list) else [arg]):
+            yield self._truth(item, _path(where, i))
 
-    _INTRINSICS: Mapping[str, Any] = {
+    _FUNCTIONS: ClassVar[Mapping[str, Callable[[Resolver, Any, str], Any]]] = {
         "Ref": _ref,
         "Fn::GetAtt": _get_att,
         "Fn::Sub": _sub,
         "Fn::Join": _join,
-        "Fn::If": _if,
         "Fn::Select": _select,
         "Fn::Split": _split,
-        "Fn::FindInMap": _find_in_map,
-        "Fn::Base64": _base64,
-        "Fn::GetAZs": _get_azs,
-        "Fn::ImportValue": _import_value,
-        "Fn::Cidr": _cidr,
-        "Fn::Length": _length,
-        "Fn::ToJsonString": _to_json_string,
-        "Fn::Equals": lambda self, arg: self._evaluate_condition({"Fn::Equals": arg}),
-        "Fn::Not": lambda self, arg: self._evaluate_condition({"Fn::Not": arg}),
-        "Fn::And": lambda self, arg: self._evaluate_condition({"Fn::And": arg}),
-        "Fn::Or": lambda self, arg: self._evaluate_condition({"Fn::Or": arg}),
+        "Fn::If": _if,
+        "Fn::Equals": _equals,
+        "Fn::Not": _not,
+        "Fn::And": _and,
+        "Fn::Or": _or,
     }
 
 
-def _normalise(value: Any) -> Any:
+def _comparable(value: Any, where: str) -> Any:
     """Compare like CloudFormation: scalars as strings, lists item by item."""
     if isinstance(value, list):
-        return [_normalise(item) for item in value]
-    if isinstance(value, bool | str | int | float):
-        return _scalar_str(value, "Fn::Equals")
-    return value
+        return [_comparable(item, where) for item in value]
+    return _scalar_str(value, where)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,12 +488,8 @@ def _merge_globals(global_value: Any, local_value: Any) -> Any:
 
     A value that is an intrinsic function (e.g. ``!If``) is treated as a primitive.
     """
-    if (
-        isinstance(global_value, dict)
-        and isinstance(local_value, dict)
-        and not _is_intrinsic(global_value)
-        and not _is_intrinsic(local_value)
-    ):
+    both_maps = isinstance(global_value, dict) and isinstance(local_value, dict)
+    if both_maps and not _is_intrinsic(global_value) and not _is_intrinsic(local_value):
         merged = copy.deepcopy(global_value)
         for key, value in local_value.items():
             merged[key] = _merge_globals(merged[key], value) if key in merged else copy.deepcopy(value)
@@ -522,13 +501,11 @@ def _merge_globals(global_value: Any, local_value: Any) -> Any:
 
 def merged_function_properties(template: Mapping[str, Any], logical_id: str) -> dict[str, Any]:
     """A function's Properties with ``Globals.Function`` merged in (unresolved)."""
-    resources = template.get("Resources") or {}
-    resource = resources.get(logical_id)
+    resource = (template.get("Resources") or {}).get(logical_id)
     if not resource or resource.get("Type") != "AWS::Serverless::Function":
         raise KeyError(f"{logical_id!r} is not an AWS::Serverless::Function of the template")
-    global_props = ((template.get("Globals") or {}).get("Function")) or {}
-    props = resource.get("Properties") or {}
-    return dict(_merge_globals(global_props, props))
+    global_props = (template.get("Globals") or {}).get("Function") or {}
+    return dict(_merge_globals(global_props, resource.get("Properties") or {}))
 
 
 def _env_str(name: str, value: Any) -> str | None:
@@ -538,15 +515,33 @@ def _env_str(name: str, value: Any) -> str | None:
         return "true" if value else "false"
     if isinstance(value, str | int | float):
         return str(value)
-    raise ValueError(f"environment variable {name} resolved to a non-scalar: {value!r}")
+    raise TemplateError(f"environment variable {name} resolved to a non-scalar: {value!r}")
 
 
-def _local_dir(uri: Any, base_dir: Path, what: str) -> Path:
+def _local_dir(uri: Any, base_dir: Path, where: str) -> Path:
     if not isinstance(uri, str):
-        raise ValueError(f"{what} must be a local path to run locally, got {uri!r}")
+        raise TemplateError(f"{where} must be a local path to run locally, got {uri!r}")
     if uri.startswith("s3://"):
-        raise ValueError(f"{what} {uri!r} is in S3; only local paths can be run locally")
+        raise TemplateError(f"{where} {uri!r} is in S3; only local paths can be run locally")
     return (base_dir / uri).resolve()
+
+
+def _layer_dirs(template: Mapping[str, Any], layers: Any, resolver: Resolver, base_dir: Path) -> list[Path]:
+    """Directories of the template's own ``AWS::Serverless::LayerVersion`` layers (``!Ref`` only).
+
+    Layer ARNs (published elsewhere) cannot be run locally: ignored, like a missing layer.
+    """
+    resources = template.get("Resources") or {}
+    dirs = []
+    for layer in layers or []:
+        if not (isinstance(layer, dict) and set(layer) == {"Ref"} and isinstance(layer["Ref"], str)):
+            continue
+        resource = resources.get(layer["Ref"]) or {}
+        if resource.get("Type") == "AWS::Serverless::LayerVersion":
+            where = f"Resources.{layer['Ref']}.Properties.ContentUri"
+            content_uri = resolver.resolve((resource.get("Properties") or {}).get("ContentUri"), where)
+            dirs.append(_local_dir(content_uri, base_dir, where))
+    return dirs
 
 
 def function_spec(
@@ -563,229 +558,170 @@ def function_spec(
     if base_dir is None:
         base_dir = template.base_dir if isinstance(template, Template) else Path.cwd()
     props = merged_function_properties(template, logical_id)
-    resources = template.get("Resources") or {}
+    where = f"Resources.{logical_id}.Properties"
+
+    def prop(name: str, default: Any) -> Any:
+        return resolver.resolve(props.get(name, default), f"{where}.{name}")
 
     if "CodeUri" not in props:
-        raise ValueError(f"{logical_id}: no CodeUri (InlineCode/ImageUri functions cannot be run locally)")
-    code_dir = _local_dir(resolver.resolve(props["CodeUri"]), base_dir, f"{logical_id}.CodeUri")
-
-    layer_dirs: list[Path] = []
-    for layer in props.get("Layers") or []:
-        if isinstance(layer, dict) and set(layer) == {"Ref"} and isinstance(layer["Ref"], str):
-            layer_resource = resources.get(layer["Ref"]) or {}
-            if layer_resource.get("Type") == "AWS::Serverless::LayerVersion":
-                content_uri = (layer_resource.get("Properties") or {}).get("ContentUri")
-                layer_dirs.append(
-                    _local_dir(resolver.resolve(content_uri), base_dir, f"{layer['Ref']}.ContentUri")
-                )
-        # Layer ARNs (published elsewhere) cannot be run locally: ignored, like a missing layer.
-
+        raise TemplateError(f"{logical_id}: no CodeUri (InlineCode/ImageUri functions cannot be run locally)")
     environment: dict[str, str] = {}
-    env_block = resolver.resolve(props.get("Environment")) or {}
-    for name, value in (env_block.get("Variables") or {}).items():
+    for name, value in ((prop("Environment", None) or {}).get("Variables") or {}).items():
         text = _env_str(name, value)
         if text is not None:
             environment[name] = text
-
-    function_name = resolver.resolve(props.get("FunctionName")) or logical_id
     return FunctionSpec(
         logical_id=logical_id,
-        function_name=str(function_name),
-        handler=str(resolver.resolve(props.get("Handler", "app.lambda_handler"))),
-        code_dir=code_dir,
-        layer_dirs=layer_dirs,
-        runtime=str(resolver.resolve(props.get("Runtime", "python3.11"))),
-        timeout=int(resolver.resolve(props.get("Timeout", 3))),
-        memory=int(resolver.resolve(props.get("MemorySize", 128))),
+        function_name=str(prop("FunctionName", None) or logical_id),
+        handler=str(prop("Handler", "app.lambda_handler")),
+        code_dir=_local_dir(prop("CodeUri", None), base_dir, f"{where}.CodeUri"),
+        layer_dirs=_layer_dirs(template, props.get("Layers"), resolver, base_dir),
+        runtime=str(prop("Runtime", "python3.11")),
+        timeout=int(prop("Timeout", 3)),
+        memory=int(prop("MemorySize", 128)),
         environment=environment,
-        architectures=[str(a) for a in resolver.resolve(props.get("Architectures", ["x86_64"]))],
+        architectures=[str(a) for a in prop("Architectures", ["x86_64"])],
     )
 
 
 # ---------------------------------------------------------------------------------------------
-# Provisioning tables and queues in a local endpoint
+# Provisioning tables, queues and buckets in a local endpoint
 # ---------------------------------------------------------------------------------------------
 
-_PROVISIONED_TYPES = ("AWS::DynamoDB::Table", "AWS::SQS::Queue")
+
+class Provisioned(dict[str, str]):
+    """What :func:`provision` created: logical id -> ``Ref`` value (table name, queue URL, bucket
+    name), in creation order; ``skipped`` maps the resources of other types to their type."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped: dict[str, str] = {}
 
 
-def _references(value: Any) -> Iterator[str]:
-    """Logical ids a value refers to through Ref, Fn::GetAtt or Fn::Sub."""
-    if isinstance(value, list):
-        for item in value:
-            yield from _references(item)
-    elif isinstance(value, dict):
-        for key, arg in value.items():
-            if key == "Ref" and isinstance(arg, str):
-                yield arg
-            elif key == "Fn::GetAtt":
-                if isinstance(arg, str):
-                    yield arg.split(".", 1)[0]
-                elif isinstance(arg, list) and arg and isinstance(arg[0], str):
-                    yield arg[0]
-            elif key == "Fn::Sub":
-                text = arg[0] if isinstance(arg, list) and arg else arg
-                if isinstance(text, str):
-                    for match in _SUB_VARIABLE.finditer(text):
-                        if not match.group(1).startswith("!"):
-                            yield match.group(1).strip().split(".", 1)[0]
-                if isinstance(arg, list):
-                    yield from _references(arg[1:])
-            else:
-                yield from _references(arg)
+def _throughput(value: Mapping[str, Any] | None) -> dict[str, int]:
+    value = value or {"ReadCapacityUnits": 5, "WriteCapacityUnits": 5}
+    return {key: int(value[key]) for key in ("ReadCapacityUnits", "WriteCapacityUnits")}
 
 
-def _creation_order(resources: Mapping[str, Any], wanted: list[str]) -> list[str]:
-    """Topological order of ``wanted`` by their references and DependsOn among themselves."""
-    wanted_set = set(wanted)
-    deps: dict[str, set[str]] = {}
-    for lid in wanted:
-        resource = resources[lid]
-        depends_on = resource.get("DependsOn") or []
-        if isinstance(depends_on, str):
-            depends_on = [depends_on]
-        refs = set(_references(resource.get("Properties") or {})) | set(depends_on)
-        deps[lid] = (refs & wanted_set) - {lid}
-    order: list[str] = []
-    state: dict[str, int] = {}
-
-    def visit(lid: str, chain: tuple[str, ...]) -> None:
-        if state.get(lid) == 2:
-            return
-        if state.get(lid) == 1:
-            raise ValueError(f"circular dependency: {' -> '.join((*chain, lid))}")
-        state[lid] = 1
-        for dep in sorted(deps[lid], key=wanted.index):
-            visit(dep, (*chain, lid))
-        state[lid] = 2
-        order.append(lid)
-
-    for lid in wanted:
-        visit(lid, ())
-    return order
-
-
-def _physical_name(logical_id: str, names: Mapping[str, str], explicit: Any, fifo: bool = False) -> str:
-    if logical_id in names:
-        return names[logical_id]
-    if isinstance(explicit, str) and explicit:
-        return explicit
-    name = f"{STACK_NAME}-{logical_id}-{uuid.uuid4().hex[:8]}"
-    return f"{name}.fifo" if fifo else name
-
-
-def _throughput(value: Mapping[str, Any] | None) -> dict[str, int] | None:
-    if not value:
-        return None
-    return {
-        "ReadCapacityUnits": int(value["ReadCapacityUnits"]),
-        "WriteCapacityUnits": int(value["WriteCapacityUnits"]),
-    }
-
-
-def _create_table(client: Any, name: str, props: Mapping[str, Any]) -> dict[str, str]:
+def _create_table(client: Any, name: str, props: Mapping[str, Any], region: str) -> tuple[str, dict[str, str]]:
+    """Keys, global secondary indexes and billing mode; PITR, SSE, TTL, tags... are not emulated."""
     billing_mode = props.get("BillingMode", "PROVISIONED")
+    provisioned = billing_mode == "PROVISIONED"
     request: dict[str, Any] = {
         "TableName": name,
         "KeySchema": props["KeySchema"],
         "AttributeDefinitions": props["AttributeDefinitions"],
         "BillingMode": billing_mode,
     }
-    if billing_mode == "PROVISIONED":
-        request["ProvisionedThroughput"] = _throughput(props.get("ProvisionedThroughput")) or {
-            "ReadCapacityUnits": 5,
-            "WriteCapacityUnits": 5,
-        }
-    gsis = []
+    if provisioned:
+        request["ProvisionedThroughput"] = _throughput(props.get("ProvisionedThroughput"))
+    indexes = []
     for gsi in props.get("GlobalSecondaryIndexes") or []:
-        index: dict[str, Any] = {
-            "IndexName": gsi["IndexName"],
-            "KeySchema": gsi["KeySchema"],
-            "Projection": gsi.get("Projection") or {"ProjectionType": "ALL"},
-        }
-        if billing_mode == "PROVISIONED":
-            index["ProvisionedThroughput"] = _throughput(gsi.get("ProvisionedThroughput")) or {
-                "ReadCapacityUnits": 5,
-                "WriteCapacityUnits": 5,
-            }
-        gsis.append(index)
-    if gsis:
-        request["GlobalSecondaryIndexes"] = gsis
-    lsis = [
-        {"IndexName": lsi["IndexName"], "KeySchema": lsi["KeySchema"], "Projection": lsi["Projection"]}
-        for lsi in props.get("LocalSecondaryIndexes") or []
-    ]
-    if lsis:
-        request["LocalSecondaryIndexes"] = lsis
-    sse = props.get("SSESpecification")
-    if sse:
-        request["SSESpecification"] = {
-            k: v
-            for k, v in {
-                "Enabled": bool(sse.get("SSEEnabled", False)),
-                "SSEType": sse.get("SSEType"),
-                "KMSMasterKeyId": sse.get("KMSMasterKeyId"),
-            }.items()
-            if v is not None
-        }
-    stream = props.get("StreamSpecification")
-    if stream and stream.get("StreamViewType"):
-        request["StreamSpecification"] = {"StreamEnabled": True, "StreamViewType": stream["StreamViewType"]}
-    for key in ("TableClass", "DeletionProtectionEnabled"):
-        if key in props:
-            request[key] = props[key]
-    if props.get("Tags"):
-        request["Tags"] = [{"Key": str(t["Key"]), "Value": str(t["Value"])} for t in props["Tags"]]
-
-    description = client.create_table(**request)["TableDescription"]
-    deadline = time.monotonic() + 30
-    while description.get("TableStatus") not in (None, "ACTIVE"):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"table {name} still {description['TableStatus']} after 30 s")
-        time.sleep(0.1)
-        description = client.describe_table(TableName=name)["Table"]
-
-    pitr = props.get("PointInTimeRecoverySpecification") or {}
-    if pitr.get("PointInTimeRecoveryEnabled"):
-        client.update_continuous_backups(
-            TableName=name,
-            PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
-        )
-    ttl = props.get("TimeToLiveSpecification") or {}
-    if ttl.get("Enabled") and ttl.get("AttributeName"):
-        client.update_time_to_live(
-            TableName=name,
-            TimeToLiveSpecification={"Enabled": True, "AttributeName": ttl["AttributeName"]},
-        )
-    attrs = {"Arn": description["TableArn"]}
-    if description.get("LatestStreamArn"):
-        attrs["StreamArn"] = description["LatestStreamArn"]
-    return attrs
+        index = {key: gsi[key] for key in ("IndexName", "KeySchema")}
+        index["Projection"] = gsi.get("Projection") or {"ProjectionType": "ALL"}
+        if provisioned:
+            index["ProvisionedThroughput"] = _throughput(gsi.get("ProvisionedThroughput"))
+        indexes.append(index)
+    if indexes:
+        request["GlobalSecondaryIndexes"] = indexes
+    arn = client.create_table(**request)["TableDescription"]["TableArn"]
+    client.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
+    return name, {"Arn": arn}
 
 
-_QUEUE_ATTRIBUTES = (
-    "ContentBasedDeduplication", "DeduplicationScope", "DelaySeconds", "FifoQueue",
-    "FifoThroughputLimit", "KmsDataKeyReusePeriodSeconds", "KmsMasterKeyId", "MaximumMessageSize",
-    "MessageRetentionPeriod", "ReceiveMessageWaitTimeSeconds", "SqsManagedSseEnabled",
-    "VisibilityTimeout",
-)  # fmt: skip
+def _queue_attribute(value: Any, where: str) -> str:
+    return json.dumps(value) if isinstance(value, dict | list) else _scalar_str(value, where)
 
 
-def _create_queue(client: Any, name: str, props: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
-    attributes: dict[str, str] = {}
-    for key in _QUEUE_ATTRIBUTES:
-        if key in props and props[key] is not None:
-            attributes[key] = _scalar_str(props[key], key)
-    for key in ("RedrivePolicy", "RedriveAllowPolicy"):
-        if props.get(key):
-            value = props[key]
-            attributes[key] = value if isinstance(value, str) else json.dumps(value)
-    request: dict[str, Any] = {"QueueName": name, "Attributes": attributes}
-    if props.get("Tags"):
-        request["tags"] = {str(t["Key"]): str(t["Value"]) for t in props["Tags"]}
-    url = client.create_queue(**request)["QueueUrl"]
+def _create_queue(client: Any, name: str, props: Mapping[str, Any], region: str) -> tuple[str, dict[str, str]]:
+    """CloudFormation's queue properties are SQS attribute names (``RedrivePolicy`` as JSON)."""
+    attributes = {key: _queue_attribute(value, key) for key, value in props.items() if key not in ("QueueName", "Tags")}
+    url = client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
     arn = client.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     return url, {"Arn": arn, "QueueName": name, "QueueUrl": url}
+
+
+def _create_bucket(client: Any, name: str, props: Mapping[str, Any], region: str) -> tuple[str, dict[str, str]]:
+    """A plain bucket: encryption, versioning, public access block... are not emulated."""
+    if region == "us-east-1":
+        client.create_bucket(Bucket=name)
+    else:
+        client.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": region})
+    return name, {"Arn": f"arn:aws:s3:::{name}", "DomainName": f"{name}.s3.amazonaws.com"}
+
+
+@dataclass(frozen=True)
+class _Kind:
+    service: str
+    name_property: str
+    create: Callable[[Any, str, Mapping[str, Any], str], tuple[str, dict[str, str]]]
+
+
+_KINDS = {
+    "AWS::DynamoDB::Table": _Kind("dynamodb", "TableName", _create_table),
+    "AWS::SQS::Queue": _Kind("sqs", "QueueName", _create_queue),
+    "AWS::S3::Bucket": _Kind("s3", "BucketName", _create_bucket),
+}
+
+
+def _physical_name(logical_id: str, resource_type: str, props: Mapping[str, Any]) -> str:
+    """The name the template gives, else a unique one like CloudFormation's."""
+    explicit = props.get(_KINDS[resource_type].name_property)
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    name = f"{STACK_NAME}-{logical_id}-{uuid.uuid4().hex[:8]}"
+    if resource_type == "AWS::S3::Bucket":
+        return name.lower()
+    if resource_type == "AWS::SQS::Queue" and str(props.get("FifoQueue", "")).lower() == "true":
+        return f"{name}.fifo"
+    return name
+
+
+def _references(value: Any) -> Iterator[str]:
+    """Logical ids (and parameter names) a value refers to through Ref, Fn::GetAtt or Fn::Sub."""
+    if isinstance(value, list):
+        for item in value:
+            yield from _references(item)
+        return
+    if not isinstance(value, dict):
+        return
+    for key, arg in value.items():
+        if key == "Ref" and isinstance(arg, str):
+            yield arg
+        elif key == "Fn::GetAtt" and arg:
+            yield arg.split(".", 1)[0] if isinstance(arg, str) else str(arg[0])
+        elif key == "Fn::Sub":
+            text = arg[0] if isinstance(arg, list) and arg else arg
+            for match in _SUB_VARIABLE.finditer(text if isinstance(text, str) else ""):
+                yield match.group(1).strip().split(".", 1)[0]
+            yield from _references(arg[1:] if isinstance(arg, list) else [])
+        else:
+            yield from _references(arg)
+
+
+def _creation_order(resources: Mapping[str, Any], wanted: list[str]) -> list[str]:
+    """``wanted`` ordered so each resource comes after the ones it refers to or DependsOn."""
+    order: list[str] = []
+    visiting: list[str] = []
+
+    def visit(lid: str) -> None:
+        if lid in order:
+            return
+        if lid in visiting:
+            raise TemplateError(f"circular dependency: {' -> '.join([*visiting, lid])}")
+        visiting.append(lid)
+        resource = resources[lid]
+        depends_on = resource.get("DependsOn") or []
+        depends_on = [depends_on] if isinstance(depends_on, str) else list(depends_on)
+        for dep in [*_references(resource.get("Properties") or {}), *depends_on]:
+            if dep in wanted and dep != lid:
+                visit(dep)
+        visiting.pop()
+        order.append(lid)
+
+    for lid in wanted:
+        visit(lid)
+    return order
 
 
 def provision(
@@ -794,46 +730,45 @@ def provision(
     endpoint_url: str,
     region: str = "us-east-1",
     names: Mapping[str, str] | None = None,
-) -> dict[str, str]:
-    """Create the template's DynamoDB tables and SQS queues in a local AWS endpoint.
+) -> Provisioned:
+    """Create the template's DynamoDB tables, SQS queues and S3 buckets in a local AWS endpoint.
 
     Properties come from the template (resolved with ``resolver``, in dependency order so a
-    queue's RedrivePolicy points at the real dead-letter queue ARN). Each created resource is
-    bound into ``resolver``. Returns logical id -> ``Ref`` value (table name, queue URL).
-    Resources whose ``Condition`` is false and other resource types are skipped.
+    queue's RedrivePolicy points at the real dead-letter queue's ARN); ``names`` forces physical
+    names. Each created resource is bound into ``resolver``. Resources whose ``Condition`` is
+    false are not created; resources of other types are skipped (listed in ``.skipped`` and
+    logged).
     """
-    import boto3  # local import: template parsing must not need boto3
+    import boto3  # here: reading templates must not need boto3
 
-    names = dict(names or {})
     resources = template.get("Resources") or {}
-    wanted = [
-        lid
-        for lid, res in resources.items()
-        if (res or {}).get("Type") in _PROVISIONED_TYPES
-        and (not res.get("Condition") or resolver.condition(res["Condition"]))
-    ]
-    session = boto3.session.Session(
-        # Dummy credentials: local endpoints (moto, ministack) accept anything.
-        aws_access_key_id="testing",
+    result = Provisioned()
+    wanted = []
+    for lid, resource in resources.items():
+        condition = resource.get("Condition")
+        if condition and not resolver.condition(condition):
+            continue
+        if resource.get("Type") in _KINDS:
+            wanted.append(lid)
+        else:
+            result.skipped[lid] = str(resource.get("Type"))
+    if result.skipped:
+        log.info("provision: not created locally: %s", ", ".join(f"{k} ({v})" for k, v in result.skipped.items()))
+
+    session: Any = boto3.session.Session(
+        aws_access_key_id="testing",  # local endpoints (moto, ministack) accept anything
         aws_secret_access_key="testing",
         region_name=region,
     )
-    dynamodb = session.client("dynamodb", endpoint_url=endpoint_url)
-    sqs = session.client("sqs", endpoint_url=endpoint_url)
-
-    created: dict[str, str] = {}
+    clients: dict[str, Any] = {}
     for lid in _creation_order(resources, wanted):
-        resource = resources[lid]
-        props = resolver.resolve(resource.get("Properties") or {}) or {}
-        if resource["Type"] == "AWS::DynamoDB::Table":
-            name = _physical_name(lid, names, props.get("TableName"))
-            attrs = _create_table(dynamodb, name, props)
-            resolver.bind(lid, name, attrs)
-            created[lid] = name
-        else:
-            fifo = str(props.get("FifoQueue", "")).lower() == "true"
-            name = _physical_name(lid, names, props.get("QueueName"), fifo=fifo)
-            url, attrs = _create_queue(sqs, name, props)
-            resolver.bind(lid, url, attrs)
-            created[lid] = url
-    return created
+        resource_type = resources[lid]["Type"]
+        kind = _KINDS[resource_type]
+        props = resolver.resolve(resources[lid].get("Properties") or {}, f"Resources.{lid}.Properties") or {}
+        name = (names or {}).get(lid) or _physical_name(lid, resource_type, props)
+        if kind.service not in clients:
+            clients[kind.service] = session.client(kind.service, endpoint_url=endpoint_url)
+        ref_value, attrs = kind.create(clients[kind.service], name, props, region)
+        resolver.bind(lid, ref_value, attrs)
+        result[lid] = ref_value
+    return result
