@@ -1,8 +1,7 @@
-"""Pure job logic: ids, statuses, delays. No I/O here, so it is unit-tested directly."""
+"""Pure job facts: ids, kinds, statuses, retry delays, index partitions. No I/O."""
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from enum import StrEnum
@@ -21,6 +20,14 @@ CREATE_PATHS: dict[str, str] = {
 }
 KINDS = frozenset(CREATE_PATHS)
 LONG_KINDS = frozenset({"video", "ad_video"})
+#: Sume's own ``type`` values for each kind (the list route filters on them).
+SUME_TYPES: dict[str, str] = {
+    "image": "image_generation",
+    "video": "video_generation",
+    "ad_video": "ad_video_generation",
+    "face_swap": "face_swap",
+    "reference_analysis": "reference_analysis",
+}
 
 
 class InvalidJobId(ValueError):
@@ -89,43 +96,29 @@ def canonical_terminal_status(status: object, succeeded: bool | None = None) -> 
     return "completed" if succeeded else "failed"
 
 
-# Client-side schedules used when Sume sends no ``next_poll_after_seconds``: short for
-# images, longer for video. Index by attempt; the last value repeats.
-_SHORT_SCHEDULE = (2, 3, 5, 8, 13, 20, 30)
-_LONG_SCHEDULE = (10, 15, 20, 30, 45, 60)
+#: Backoff after a transient Sume fault (seconds): exponential, jittered, capped.
+MAX_ERROR_DELAY = 300.0
+#: Backoff while a completed job's result is not ready yet (seconds): 5, 10, 20, ... capped.
+RESULT_WAIT_FIRST = 5.0
+MAX_RESULT_WAIT = 600.0
 _JITTER = 0.2
-MAX_ERROR_DELAY = 300
 
 
-def _jittered(base: float, rng: random.Random | None) -> int:
-    r = rng or random
-    return max(1, math.ceil(base * r.uniform(1 - _JITTER, 1 + _JITTER)))
+def _jittered(base: float, rng: random.Random | None) -> float:
+    return base * (rng or random).uniform(1 - _JITTER, 1 + _JITTER)
 
 
-def backoff_delay(kind: str | None, attempt: int, rng: random.Random | None = None) -> int:
-    """Seconds until the next status read when Sume gave no hint (jittered, at least 1)."""
-    schedule = _LONG_SCHEDULE if kind in LONG_KINDS else _SHORT_SCHEDULE
-    base = schedule[min(max(attempt, 0), len(schedule) - 1)]
-    return _jittered(base, rng)
-
-
-def error_delay(errors: int, retry_after: float | None, rng: random.Random | None = None) -> int:
-    """Seconds to wait after a transient Sume fault: ``Retry-After`` when given, else
-    exponential backoff (2, 4, 8, ... capped at 5 minutes) with jitter."""
+def error_delay(errors: int, retry_after: float | None, rng: random.Random | None = None) -> float:
+    """Seconds to wait after the ``errors``-th transient fault in a row: ``Retry-After`` when
+    Sume sent one, else 2, 4, 8, ... capped at 5 minutes, with jitter."""
     if retry_after is not None and retry_after >= 0:
-        return max(1, math.ceil(retry_after))
-    base = min(2.0 ** max(errors, 1), MAX_ERROR_DELAY)
-    return min(_jittered(base, rng), MAX_ERROR_DELAY)
+        return max(1.0, retry_after)
+    return min(_jittered(2.0 ** max(errors, 1), rng), MAX_ERROR_DELAY)
 
 
-def hint_delay(next_poll_after: float) -> int:
-    """Whole seconds for SQS from Sume's ``next_poll_after_seconds`` (rounded up, at least 1)."""
-    return max(1, math.ceil(next_poll_after))
-
-
-def hop_delay(remaining_seconds: float, max_delay: int) -> int:
-    """The next SQS DelaySeconds toward a due time ``remaining_seconds`` away (<= max_delay)."""
-    return max(0, min(math.ceil(remaining_seconds), max_delay))
+def result_wait_delay(waits: int, rng: random.Random | None = None) -> float:
+    """Seconds until the next result fetch of a completed job whose result is not ready yet."""
+    return min(_jittered(RESULT_WAIT_FIRST * 2.0 ** max(waits, 0), rng), MAX_RESULT_WAIT)
 
 
 # The sparse index "pending" has two kinds of partition: ``pNN`` holds the jobs still pending,

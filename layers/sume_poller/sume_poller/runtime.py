@@ -1,76 +1,141 @@
-"""Per-container wiring: each client is built once, on first use, from validated settings."""
+"""Per-container wiring: each function's parts are built once, on first use, from its settings.
+
+A handler asks for what it runs (:func:`poll_runner`, :func:`fanout`, :func:`submitter`); the
+settings are read and validated there, at cold start. :func:`reset` forgets everything (local
+runs and tests change the environment between cases).
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from functools import cache
+from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from .aws import EventBus, JobStore, PollQueue, reset_session
-from .config import Settings, get_settings
-from .keys import ApiKeyProvider
+from .aws import reset_session
+from .batch import BatchRunner
+from .budget import Budget, LocalPacer
+from .coverage import CoverageStore, CoverageView
+from .credentials import Secret
+from .events import EventBus
+from .fanout import FanOut
+from .gate import ReadGate
 from .lease import LeaseStore
+from .models import ModelCache
 from .poller import Poller
+from .queue import PollQueue
+from .redisconn import connect
+from .settings import (
+    BudgetSettings,
+    Common,
+    FanOutSettings,
+    PollSettings,
+    RedisSettings,
+    SubmitSettings,
+    SumeSettings,
+    SweepFunctionSettings,
+    WebhookSettings,
+)
+from .store import JobStore, ResultBucket
+from .submit import Submitter
 from .sume import SumeClient
+from .sweep import Sweeper, SweepSettings
+from .webhook import WebhookReceiver
 
 
 @cache
-def settings() -> Settings:
-    return get_settings()
+def redis_client(settings: RedisSettings) -> Any:
+    return connect(settings)
+
+
+def reads_budget(client: Any, prefix: str, budget: BudgetSettings, common: Common) -> Budget:
+    clock = common.clock
+    return Budget(client, f"{prefix}!budget:reads", budget.reads_per_minute, budget.reads_per_day, clock.now,
+                  early=clock.from_real(0.5))
+
+
+def sume_client(settings: SumeSettings) -> SumeClient:
+    key = Secret(settings.api_key_name, settings.api_key_source)
+    return SumeClient(settings.base_url, key, connect_timeout=settings.connect_timeout_real,
+                      read_timeout=settings.read_timeout_real, on_key_rejected=key.invalidate)
 
 
 @cache
-def redis_client() -> redis.Redis:
-    s = settings()
-    return redis.Redis.from_url(
-        s.redis_url,
-        socket_timeout=s.redis_timeout,
-        socket_connect_timeout=s.redis_timeout,
-        retry=Retry(NoBackoff(), 1),
-        health_check_interval=30,
-        decode_responses=True,
-        max_connections=32,
-    )
+def poll_runner() -> BatchRunner:
+    s = PollSettings.from_env(os.environ)
+    client = redis_client(s.redis)
+    lease = LeaseStore(client, s.redis.key_prefix)
+    budget = reads_budget(client, s.redis.key_prefix, s.budget, s.common)
+    queue = PollQueue(s.poll_queue_url, s.common.clock)
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, results=ResultBucket(s.result_bucket))
+    poller = Poller(s, gate=ReadGate(lease, budget, cluster=s.redis.mode == "cluster"), budget=budget,
+                    pacer=LocalPacer(budget.rate, s.budget.max_concurrency, s.common.clock.now),
+                    sume=sume_client(s.sume), store=store, bus=EventBus(s.event_bus_name), queue=queue,
+                    models=ModelCache(store, s.common.clock.now),
+                    coverage=CoverageView(CoverageStore(client, s.redis.key_prefix), s.common.clock.now))
+    return BatchRunner(poller, queue, safety_margin_ms=s.safety_margin_ms)
 
 
 @cache
-def lease_store() -> LeaseStore:
-    return LeaseStore(redis_client(), settings().lease_key_prefix)
+def _fanout_parts() -> tuple[FanOutSettings, JobStore, PollQueue, LeaseStore, Budget]:
+    s = FanOutSettings.from_env(os.environ)
+    client = redis_client(s.redis)
+    return (s, JobStore(s.common.jobs_table, s.jobs.pending_shards), PollQueue(s.poll_queue_url, s.common.clock),
+            LeaseStore(client, s.redis.key_prefix), reads_budget(client, s.redis.key_prefix, s.budget, s.common))
+
+
+def fanout(remaining_ms: Callable[[], int]) -> FanOut:
+    """A fan-out run for one invocation (its parts are built once per container)."""
+    return FanOut(*_fanout_parts(), remaining_ms)
 
 
 @cache
-def sume_client() -> SumeClient:
-    s = settings()
-    key = ApiKeyProvider(s)
-    return SumeClient(s.sume_base_url, key, connect_timeout=s.sume_connect_timeout,
-                      read_timeout=s.sume_read_timeout, on_auth_failure=key.invalidate)
+def submitter() -> Submitter:
+    s = SubmitSettings.from_env(os.environ)
+    client = redis_client(s.redis)
+    clock = s.common.clock
+    creates = Budget(client, f"{s.redis.key_prefix}!budget:creates", s.budget.creates_per_minute,
+                     s.budget.creates_per_day, clock.now, early=clock.from_real(0.5))
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards)
+    return Submitter(s, sume=sume_client(s.sume), store=store, queue=PollQueue(s.poll_queue_url, clock),
+                     lease=LeaseStore(client, s.redis.key_prefix), creates=creates,
+                     pacer=LocalPacer(creates.rate, s.budget.max_concurrency, clock.now),
+                     models=ModelCache(store, clock.now))
 
 
 @cache
-def job_store() -> JobStore:
-    return JobStore(settings().jobs_table)
+def _sweep_parts() -> tuple[SweepFunctionSettings, dict[str, Any]]:
+    s = SweepFunctionSettings.from_env(os.environ)
+    client = redis_client(s.redis)
+    return s, {"sume": sume_client(s.sume), "store": JobStore(s.common.jobs_table, s.jobs.pending_shards),
+               "queue": PollQueue(s.poll_queue_url, s.common.clock), "lease": LeaseStore(client, s.redis.key_prefix),
+               "budget": reads_budget(client, s.redis.key_prefix, s.budget, s.common),
+               "coverage": CoverageStore(client, s.redis.key_prefix)}
+
+
+def sweeper(remaining_ms: Callable[[], int]) -> Sweeper:
+    """A sweep for one invocation (its parts are built once per container)."""
+    s, parts = _sweep_parts()
+    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms), s.common.clock,
+                   remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl, **parts)
 
 
 @cache
-def poll_queue() -> PollQueue:
-    return PollQueue(settings().poll_queue_url)
-
-
-@cache
-def event_bus() -> EventBus:
-    return EventBus(settings().event_bus_name)
-
-
-@cache
-def poller() -> Poller:
-    return Poller(settings(), lease_store(), sume_client(), job_store(), poll_queue(), event_bus())
+def webhook_receiver() -> WebhookReceiver:
+    s = WebhookSettings.from_env(os.environ)
+    client = redis_client(s.redis)
+    return WebhookReceiver(s.common.clock, secret=Secret(s.secret_name, s.secret_source), tolerance=s.tolerance,
+                           store=JobStore(s.common.jobs_table, s.jobs.pending_shards),
+                           lease=LeaseStore(client, s.redis.key_prefix),
+                           queue=PollQueue(s.poll_queue_url, s.common.clock), handover_ttl_real=s.lease.claim_ttl,
+                           coverage=CoverageStore(client, s.redis.key_prefix))
 
 
 def reset() -> None:
-    """Forget every cached client and the settings (tests and local runs change the environment)."""
-    for f in (settings, redis_client, lease_store, sume_client, job_store, poll_queue, event_bus, poller):
-        f.cache_clear()
-    get_settings.cache_clear()
+    """Forget every part, setting and cached secret (local runs and tests change the environment)."""
+    from aws_lambda_powertools.utilities import parameters
+
+    for cached in (redis_client, poll_runner, _fanout_parts, submitter, _sweep_parts, webhook_receiver):
+        cached.cache_clear()
+    parameters.clear_caches()  # type: ignore[no-untyped-call]
     reset_session()

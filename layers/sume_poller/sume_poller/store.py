@@ -1,0 +1,284 @@
+"""The job store: one DynamoDB table of job records, plus large results in S3.
+
+The job record (key ``job_id``; numbers are clock seconds)::
+
+    job_id, kind, profile, status ("pending" | completed | failed | canceled | expired | timed_out)
+    pending_shard   "pNN" while pending, "oNN" while terminal with its outbox not yet done;
+                    removed when the outbox is done: the sparse index "pending" lists exactly these
+    submitted_at, updated_at, deadline_at, idempotency_key?, sume_request_id?
+    chain_due_at    when the job's chain next reads (kept while Redis is down, and by submit)
+    fence_token, fence_seq   the chain step that may read while Redis is down
+    terminal_at, sume_status, error{code,message}?, reads, status_reads, result_reads
+    found_by        "chain" | "sweep" | "webhook": who learned first that the job was finished
+    seen_running_at, seen_terminal_at   bounds of the completion time (for the learned schedule)
+    result_json (inline, up to INLINE_RESULT_BYTES) | result_s3_key + result_bytes
+    event_pending   set by the terminal write; cleared once the event is on the bus
+
+The exactly-once step is :meth:`JobStore.record_terminal`: a conditional write that wins only
+while the job is pending. The winner moves the job to the outbox partition; whoever finishes
+the outbox (this attempt, a redelivery, or a fan-out tick) records the observation, publishes
+the event and clears it. Per-profile observations live in items keyed ``#stats:<profile>``
+(job ids never start with ``#``), one slot per job, so writing one twice changes nothing.
+
+Numbers come back from boto3's deserializer as ``Decimal``; :func:`plain` turns them into
+``int`` or ``float`` at this boundary, so callers and the terminal event see plain JSON types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from .aws import client, error_code
+from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
+
+#: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
+INLINE_RESULT_BYTES = 100_000
+#: Observation slots per profile item: the newest job in a slot wins (bounded, recent-weighted).
+STATS_SLOTS = 200
+STATS_PREFIX = "#stats:"
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def stats_slot(job_id: str) -> int:
+    """The observation slot of a job in its profile's item (two jobs may share one: the newer wins)."""
+    return int(hashlib.sha256(job_id.encode()).hexdigest(), 16) % STATS_SLOTS
+
+
+def plain(value: Any) -> Any:
+    """Decimals (from DynamoDB) as int or float, recursively."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | set):
+        return [plain(v) for v in value]
+    return value
+
+
+def _storable(value: Any) -> Any:
+    """Floats as Decimal (TypeSerializer refuses floats); None values dropped from maps."""
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    if isinstance(value, dict):
+        return {k: _storable(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_storable(v) for v in value]
+    return value
+
+
+def to_attrs(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: _serializer.serialize(_storable(v)) for k, v in values.items() if v is not None}
+
+
+def from_item(item: dict[str, Any]) -> dict[str, Any]:
+    return {k: plain(_deserializer.deserialize(v)) for k, v in item.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalWrite:
+    won: bool
+    #: Won: the record as written. Lost: the record as it was, or None if it does not exist.
+    record: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """What the terminal write records."""
+
+    status: str
+    sume_status: str | None = None
+    error: dict[str, str] | None = None
+    result: Any = None
+    has_result: bool = False
+    status_reads: int = 0
+    result_reads: int = 0
+    seen_running_at: float | None = None
+    seen_terminal_at: float | None = None
+    #: Who learned the job was finished: its chain, a sweep or a webhook.
+    found_by: str = "chain"
+
+
+class ResultBucket:
+    """Results too large for the record: ``results/<job_id>.json`` in S3."""
+
+    def __init__(self, bucket: str, s3: Any = None) -> None:
+        self.bucket = bucket
+        self._s3 = s3
+
+    def put(self, job_id: str, body: bytes) -> str:
+        if self._s3 is None:
+            self._s3 = client("s3")
+        key = f"results/{job_id}.json"
+        self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+        return key
+
+
+class JobStore:
+    def __init__(self, table: str, shards: int, ddb: Any = None, results: ResultBucket | None = None) -> None:
+        self.table = table
+        self.shards = shards
+        self._ddb = ddb or client("dynamodb")
+        self._results = results
+
+    # -- writes -------------------------------------------------------------------------------
+    def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int,
+                    profile: str | None = None, chain_due_at: float | None = None,
+                    extra: dict[str, Any] | None = None) -> bool:
+        """Record a new pending job. False if the job id is already recorded (nothing changes)."""
+        item = {"job_id": job_id, "kind": kind, "profile": profile or kind, "status": PENDING,
+                "pending_shard": shard_of(job_id, self.shards), "deadline_at": deadline_at,
+                "submitted_at": int(now), "updated_at": int(now), "chain_due_at": chain_due_at, **(extra or {})}
+        return self._conditional(self._ddb.put_item, TableName=self.table, Item=to_attrs(item),
+                                 ConditionExpression="attribute_not_exists(job_id)")
+
+    def record_terminal(self, job_id: str, outcome: Ending, *, now: float) -> TerminalWrite:
+        """pending -> terminal, once. A loser gets the record as it was, without a second read."""
+        values: dict[str, Any] = {
+            "status": outcome.status, "terminal_at": int(now), "updated_at": int(now), "event_pending": True,
+            "pending_shard": shard_of(job_id, self.shards, OUTBOX_PREFIX), "sume_status": outcome.sume_status,
+            "error": outcome.error, "status_reads": outcome.status_reads, "result_reads": outcome.result_reads,
+            "reads": outcome.status_reads + outcome.result_reads,
+            "seen_running_at": outcome.seen_running_at, "seen_terminal_at": outcome.seen_terminal_at,
+            "found_by": outcome.found_by,
+        }
+        if outcome.has_result:
+            values.update(self._result_fields(job_id, outcome.result))
+        present = {k: v for k, v in values.items() if v is not None}
+        names = {f"#a{i}": k for i, k in enumerate(present)}
+        attrs = to_attrs({f":v{i}": v for i, v in enumerate(present.values())})
+        attrs[":p"] = _serializer.serialize(PENDING_PREFIX)
+        return self._update_or_old(
+            Key=to_attrs({"job_id": job_id}),
+            UpdateExpression="SET " + ", ".join(f"#a{i} = :v{i}" for i in range(len(present))),
+            ConditionExpression="begins_with(pending_shard, :p)",
+            ExpressionAttributeNames=names, ExpressionAttributeValues=attrs, ReturnValues="ALL_NEW")
+
+    def _result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
+        text = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+        size = len(text.encode())
+        if size <= INLINE_RESULT_BYTES or self._results is None:
+            return {"result_json": text, "result_bytes": size}
+        key = self._results.put(job_id, text.encode())
+        return {"result_s3_key": key, "result_bytes": size}
+
+    def clear_outbox(self, job_id: str, *, now: float) -> bool:
+        """The terminal event is on the bus: the job leaves the index. False if already done."""
+        return self._conditional(
+            self._ddb.update_item, TableName=self.table, Key=to_attrs({"job_id": job_id}),
+            UpdateExpression="REMOVE event_pending, pending_shard SET event_published_at = :now",
+            ConditionExpression="attribute_exists(event_pending)",
+            ExpressionAttributeValues=to_attrs({":now": int(now)}))
+
+    def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
+        """While Redis is down: let chain step ``token:seq`` read, once. Won: it may read (and
+        ``chain_due_at`` keeps fan-out off the job for ``hold`` seconds). Lost: a duplicate, or
+        the job is no longer pending (the record as it was, or None)."""
+        return self._update_or_old(
+            Key=to_attrs({"job_id": job_id}),
+            UpdateExpression="SET fence_token = :t, fence_seq = :next, chain_due_at = :due",
+            ConditionExpression="begins_with(pending_shard, :p) AND (attribute_not_exists(fence_token) "
+                                "OR fence_token <> :t OR fence_seq <= :seq)",
+            ExpressionAttributeValues=to_attrs({":t": token, ":seq": seq, ":next": seq + 1,
+                                                ":due": now + hold, ":p": PENDING_PREFIX}))
+
+    def set_chain_due(self, job_id: str, due_at: float) -> None:
+        """Where the chain next reads (kept while Redis is down, so fan-out leaves the job alone)."""
+        self._conditional(self._ddb.update_item, TableName=self.table, Key=to_attrs({"job_id": job_id}),
+                          UpdateExpression="SET chain_due_at = :d",
+                          ConditionExpression="begins_with(pending_shard, :p)",
+                          ExpressionAttributeValues=to_attrs({":d": due_at, ":p": PENDING_PREFIX}))
+
+    def put_observation(self, profile: str, job_id: str, lower: float, upper: float | None, at: float) -> None:
+        """Record a completion-time interval (ages in seconds; upper None: never seen finished) in
+        the profile's slot for this job."""
+        slot = stats_slot(job_id)
+        self._ddb.update_item(
+            TableName=self.table, Key=to_attrs({"job_id": STATS_PREFIX + profile}),
+            UpdateExpression="SET #o = :o, updated_at = :at",
+            ExpressionAttributeNames={"#o": f"o{slot:03d}"},
+            ExpressionAttributeValues=to_attrs({":o": {"l": round(lower, 3), "u": None if upper is None else
+                                                       round(upper, 3), "t": round(at)},
+                                                ":at": int(at)}))
+
+    # -- reads --------------------------------------------------------------------------------
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        reply = self._ddb.get_item(TableName=self.table, Key=to_attrs({"job_id": job_id}), ConsistentRead=True)
+        item = reply.get("Item")
+        return from_item(item) if item else None
+
+    def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+        """The records of those ids that exist (BatchGetItem, 100 keys per call, strongly consistent)."""
+        found: dict[str, dict[str, Any]] = {}
+        ids = list(dict.fromkeys(job_ids))
+        for start in range(0, len(ids), 100):
+            request: dict[str, Any] = {self.table: {"Keys": [to_attrs({"job_id": j}) for j in ids[start:start + 100]],
+                                                    "ConsistentRead": True}}
+            while request:
+                reply = self._ddb.batch_get_item(RequestItems=request)
+                for item in reply.get("Responses", {}).get(self.table, []):
+                    record = from_item(item)
+                    found[record["job_id"]] = record
+                request = reply.get("UnprocessedKeys") or {}
+        return found
+
+    def observations(self, profile: str) -> list[dict[str, float]]:
+        """The profile's recorded completion-time intervals: ``{"l", "u", "t"}`` each."""
+        record = self.get(STATS_PREFIX + profile) or {}
+        return [v for k, v in sorted(record.items()) if k.startswith("o") and isinstance(v, dict)]
+
+    def count(self, shard: str) -> int:
+        """How many records one partition of the index holds (Select COUNT: no items read)."""
+        kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending", "Select": "COUNT",
+                                  "KeyConditionExpression": "pending_shard = :p",
+                                  "ExpressionAttributeValues": to_attrs({":p": shard})}
+        total = 0
+        while True:
+            reply = self._ddb.query(**kwargs)
+            total += int(reply.get("Count", 0))
+            if not reply.get("LastEvaluatedKey"):
+                return total
+            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+
+    def pending_page(self, shard: str, start_key: dict[str, Any] | None,
+                     limit: int = 100) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """One page of the sparse pending index for one partition."""
+        kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending",
+                                  "KeyConditionExpression": "pending_shard = :p",
+                                  "ExpressionAttributeValues": to_attrs({":p": shard}), "Limit": limit}
+        if start_key:
+            kwargs["ExclusiveStartKey"] = start_key
+        reply = self._ddb.query(**kwargs)
+        return [from_item(i) for i in reply.get("Items", [])], reply.get("LastEvaluatedKey")
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _update_or_old(self, **kwargs: Any) -> TerminalWrite:
+        """A conditional UpdateItem: won (with ALL_NEW attributes when asked), or lost with the
+        item as it was (``ReturnValuesOnConditionCheckFailure``), without a second read."""
+        try:
+            reply = self._ddb.update_item(TableName=self.table, ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                                          **kwargs)
+        except Exception as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            old = getattr(exc, "response", {}).get("Item")
+            return TerminalWrite(False, from_item(old) if old else None)
+        attributes = reply.get("Attributes")
+        return TerminalWrite(True, from_item(attributes) if attributes else None)
+
+    @staticmethod
+    def _conditional(call: Any, **kwargs: Any) -> bool:
+        try:
+            call(**kwargs)
+        except Exception as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
