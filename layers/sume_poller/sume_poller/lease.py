@@ -1,43 +1,121 @@
-"""The per-job Redis lease.
+"""The per-job Redis lease: one poll chain per job.
 
-* acquire: ``SET key value NX PX ttl`` (a free lease only);
-* renew: a Lua script that, only while the key still holds the expected value, stores the
-  new value and *replaces* the TTL (returns 0 when the lease is lost);
-* release: a Lua script that deletes the key only while it holds the expected value.
+A *chain* is the sequence of poll messages of one job that carry one random token ``T``; each
+message is a step ``n`` of it. The lease ``<prefix><job_id>`` says which step may act::
 
-The value is ``"<token>:<seq>"``: a random 128-bit token per chain plus the sequence of the
-one message allowed to act next. The lease saves Sume reads; it is not what makes the outcome
-exactly-once (that is the conditional write in :mod:`sume_poller.aws`).
+    "T:n"      resting: message (T, n) waits in the queue and is the one allowed to act next
+    "T:n*"     resting, and (T, n) is a finishing message a sweep or webhook handed the job to
+    "T:n!c"    claimed: one delivery of message (T, n) is processing it (``c``: its nonce)
+
+Operations - each one Lua script on one key (so they run unchanged in cluster mode), each safe
+to repeat (a client that retries after a lost reply finds its own value and succeeds):
+
+* ``start``: a new chain takes a *free* lease as ``T:0`` (submit, fan-out).
+* ``claim``: message (T, n) moves ``T:n`` to ``T:n!c``. It also succeeds on its own claimed
+  value (a retry) and on an older step of its own chain ``T:m``/``T:m!x`` with m < n (the chain
+  moved on while Redis was unreachable). A duplicate delivery of the same message finds the
+  first delivery's nonce and fails. A *free* lease is taken too, but as a new chain with a
+  fresh token - so an older chain's late messages can never renew it.
+* ``rest``: before re-queueing step n+1, ``T:n!c`` becomes ``T:n+1`` with a TTL covering the
+  wait plus a margin.
+* ``release``: the claimed value is deleted when the job is finished (already gone counts).
+* ``hand_over``: a sweep (or webhook) that learned a waiting job is finished hands its chain to
+  a finishing message: ``T:n`` -> ``T:n+1*`` (that message is step n+1; the waiting step n then
+  finds the job taken). It fails while a delivery is mid-poll (the sweep leaves that job to it)
+  and on a job already handed over (its finishing message keeps its place in line).
+
+If the holder dies, the TTL hands the job to whoever comes next. The lease saves Sume reads; it
+is not what makes the outcome exactly-once (that is the conditional write in
+:mod:`sume_poller.store`).
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
 
-from redis.exceptions import RedisError
+from redis.cluster import RedisCluster
 
-if TYPE_CHECKING:
-    import redis
+#: Lua: claim step (T, n). ARGV: resting, claimed, token, seq, fresh claimed value, ttl ms.
+#: Returns 1 (claimed, own chain), 2 (lease was free: claimed as the fresh chain), 0 (held).
+CLAIM_LUA = """
+local function lease_claim(key, resting, claimed, token, seq, fresh, ttl)
+  local v = redis.call('GET', key)
+  if not v then
+    redis.call('SET', key, fresh, 'PX', ttl)
+    return 2
+  end
+  if v == resting or v == resting .. '*' or v == claimed or v == fresh then
+    redis.call('SET', key, v == fresh and fresh or claimed, 'PX', ttl)
+    return v == fresh and 2 or 1
+  end
+  local t, s = string.match(v, '^(%x+):(%d+)')
+  if t == token and tonumber(s) < seq then
+    redis.call('SET', key, claimed, 'PX', ttl)
+    return 1
+  end
+  return 0
+end
+"""
 
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+#: Lua: take a free lease for a new chain. ARGV: value, ttl ms. 1 taken (or already ours), 0 held.
+START_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if v == ARGV[1] then return 1 end
+return 0
+"""
+
+#: Lua: claimed -> resting next step. ARGV: claimed, next resting, ttl ms. 1 done, 0 lease lost.
+REST_LUA = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] or v == ARGV[2] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
 end
 return 0
 """
 
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+#: Lua: delete while it holds the claimed value. 1 deleted or already gone, 0 held by another.
+RELEASE_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return 1 end
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
 end
 return 0
 """
 
-LeaseUnavailable = RedisError
-"""Raised by every method when Redis cannot be reached or answers with an error."""
+#: Lua: hand a waiting chain over to a finishing message. ARGV: fresh value ("T':0*"), ttl ms.
+#: A resting "T:n" becomes "T:n+1*" (the finishing message is step n+1, so the waiting message
+#: n finds the job taken); a free lease becomes the fresh value. Returns the value now held, or
+#: false while a delivery is mid-poll or the job was handed over already. A repeat after a lost
+#: reply returns false too: the finishing message of the first call was not sent, and the lease
+#: expires so the job's chain takes over again.
+HAND_OVER_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+local t, s = string.match(v, '^(%x+):(%d+)$')
+if not t then return false end
+local next = t .. ':' .. (tonumber(s) + 1) .. '*'
+redis.call('SET', KEYS[1], next, 'PX', ARGV[2])
+return next
+"""
+
+
+class Claim(IntEnum):
+    HELD = 0  # another chain (or another delivery of this message) holds the job
+    OWN = 1  # this message's step of its own chain
+    FRESH = 2  # the lease was free: this message now runs a new chain (fresh token)
 
 
 def new_token() -> str:
@@ -45,53 +123,100 @@ def new_token() -> str:
     return secrets.token_hex(16)
 
 
+def new_nonce() -> str:
+    return secrets.token_hex(4)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of a chain: message ``(token, seq)``, processed by the delivery ``nonce``."""
+
+    token: str
+    seq: int
+    nonce: str
+
+    @property
+    def resting(self) -> str:
+        return f"{self.token}:{self.seq}"
+
+    @property
+    def claimed(self) -> str:
+        return f"{self.token}:{self.seq}!{self.nonce}"
+
+    @property
+    def next_resting(self) -> str:
+        return f"{self.token}:{self.seq + 1}"
+
+    def claim_args(self, fresh: Step, ttl_ms: int) -> list[Any]:
+        return [self.resting, self.claimed, self.token, self.seq, fresh.claimed, ttl_ms]
+
+
 class LeaseStore:
-    def __init__(self, client: redis.Redis, prefix: str = "sume:poll:") -> None:
-        self._r = client
-        self._prefix = prefix
-        self._renew = client.register_script(RENEW)
-        self._release = client.register_script(RELEASE)
-        self.auth_pause_key = f"{prefix}!auth-paused"
+    def __init__(self, client: Any, prefix: str = "sume:poll:") -> None:
+        self.client = client
+        self.prefix = prefix
+        self._claim = client.register_script(CLAIM_LUA + "return lease_claim(KEYS[1], ARGV[1], ARGV[2], "
+                                             "ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6])")
+        self._start = client.register_script(START_LUA)
+        self._rest = client.register_script(REST_LUA)
+        self._release = client.register_script(RELEASE_LUA)
+        self._hand_over = client.register_script(HAND_OVER_LUA)
 
     def key(self, job_id: str) -> str:
-        return self._prefix + job_id
+        return self.prefix + job_id
 
-    def acquire(self, job_id: str, value: str, ttl_ms: int) -> bool:
-        """Take the lease if nobody holds it."""
-        return bool(self._r.set(self.key(job_id), value, nx=True, px=ttl_ms))
+    def claim(self, job_id: str, step: Step, fresh: Step, ttl_ms: int) -> Claim:
+        """Claim ``step`` (or, if the lease is free, ``fresh``: a new chain's step 0)."""
+        return Claim(int(self._claim(keys=[self.key(job_id)], args=step.claim_args(fresh, ttl_ms))))
 
-    def renew(self, job_id: str, expected: str, new_value: str, ttl_ms: int) -> bool:
-        """Replace value and TTL while the lease still holds ``expected``; False: lease lost."""
-        return bool(self._renew(keys=[self.key(job_id)], args=[expected, new_value, ttl_ms]))
+    def start(self, job_id: str, token: str, ttl_ms: int) -> bool:
+        """A new chain takes the free lease as ``token:0``; False if a chain holds the job."""
+        return bool(self._start(keys=[self.key(job_id)], args=[f"{token}:0", ttl_ms]))
 
-    def acquire_unless_paused(self, job_id: str, value: str, ttl_ms: int) -> bool | None:
-        """One pipelined round trip: is Sume auth paused, and ``SET NX`` the lease.
+    def start_many(self, starts: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """:meth:`start` for many ``(job_id, token)`` in one pipelined round trip.
 
-        True: taken. False: held by another chain. None: auth is paused (nothing is held).
-        """
-        pipe = self._r.pipeline(transaction=False)
-        pipe.exists(self.auth_pause_key)
-        pipe.set(self.key(job_id), value, nx=True, px=ttl_ms)
-        paused, taken = pipe.execute()
-        if paused:
-            if taken:
-                self.release(job_id, value)
+        A cluster pipeline may not run scripts: there each job gets ``SET NX PX``, and the jobs
+        that come back held get one more pipelined ``GET`` - a start whose reply was lost and
+        was repeated finds its own value (the start is then still ours)."""
+        pipe = self.client.pipeline(transaction=False)
+        if not isinstance(self.client, RedisCluster):
+            for job_id, token in starts:
+                self._start(keys=[self.key(job_id)], args=[f"{token}:0", ttl_ms], client=pipe)
+            return [bool(r) for r in pipe.execute()]
+        for job_id, token in starts:
+            pipe.set(self.key(job_id), f"{token}:0", nx=True, px=ttl_ms)
+        taken = [bool(r) for r in pipe.execute()]
+        held = [i for i, ok in enumerate(taken) if not ok]
+        if held:
+            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+            for i in held:
+                pipe.get(self.key(starts[i][0]))
+            for i, value in zip(held, pipe.execute(), strict=True):
+                taken[i] = value == f"{starts[i][1]}:0"
+        return taken
+
+    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
+        """Before re-queueing step n+1: ``T:n!c`` -> ``T:n+1``. False: the lease was lost."""
+        return bool(self._rest(keys=[self.key(job_id)], args=[step.claimed, step.next_resting, ttl_ms]))
+
+    def release(self, job_id: str, value: str) -> bool:
+        """Delete the lease while it holds ``value`` (a step's claimed value, or the resting value
+        of a step whose message could not be sent); already gone counts as released."""
+        return bool(self._release(keys=[self.key(job_id)], args=[value]))
+
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> tuple[str, int] | None:
+        """Take a waiting chain (or a free lease) for a finishing message: the (token, seq) that
+        message must carry, or None while a delivery of the chain is mid-poll."""
+        held = self._hand_over(keys=[self.key(job_id)], args=[f"{fresh_token}:0*", ttl_ms])
+        if held is None:
             return None
-        return bool(taken)
+        token, _, seq = str(held).rstrip("*").partition(":")
+        return token, int(seq)
 
-    def release(self, job_id: str, expected: str) -> bool:
-        """Delete the lease while it still holds ``expected``; never deletes another chain's."""
-        return bool(self._release(keys=[self.key(job_id)], args=[expected]))
-
-    def live(self, job_ids: Sequence[str]) -> tuple[bool, list[bool]]:
-        """One pipelined round trip: is Sume auth paused, and which of ``job_ids`` hold a lease."""
-        pipe = self._r.pipeline(transaction=False)
-        pipe.exists(self.auth_pause_key)
+    def held(self, job_ids: list[str]) -> list[bool]:
+        """Which jobs hold a lease, in one pipelined round trip (diagnostics and tests)."""
+        pipe = self.client.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.exists(self.key(job_id))
-        replies = pipe.execute()
-        return bool(replies[0]), [bool(n) for n in replies[1:]]
-
-    def pause_auth(self, seconds: int) -> None:
-        """Set the auth breaker: fan-out sends nothing while it lives."""
-        self._r.set(self.auth_pause_key, "1", ex=seconds)
+        return [bool(n) for n in pipe.execute()]

@@ -1,0 +1,281 @@
+"""The shared Sume budget: one limiter in Redis for every poller (reads) and submit (creates).
+
+Sume limits each API key per minute and per day (reads 120/min and 10,000/day, creates 10/min
+and 300/day by its docs). The limiter is GCRA (generic cell rate algorithm) with reservations,
+both windows at once, atomic in one Lua script on one hash key:
+
+* each window keeps a theoretical arrival time (TAT); a request gets the earliest *slot* both
+  windows allow. A poller that cannot read now learns its slot and re-queues its message for
+  that time (keeping its lease) - waiting jobs never wake up together and retry in a herd;
+* a window of ``W`` seconds and limit ``L`` grants at most ``L - 1`` in any span of ``W``
+  (``L`` below 20: ``L``), with a burst of ``L // 50``: Sume's own fixed windows never see more
+  than ``L`` even when our grants and its windows do not line up;
+* a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
+  unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
+* feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
+  limits, ``RateLimit-Remaining``/``-Reset`` what is left in Sume's window (so another client of
+  the same key is taken into account), a 429's ``Retry-After`` pauses every read until then, and
+  a rejected key pauses them key-wide;
+* a reserved slot is checked again when its message comes back (``confirm``): a pause or an
+  exhausted server window since then sends it to the back of the line. When Sume's remaining
+  count drops below what our own grants explain, another client spends the key: one read is then
+  kept in reserve at the end of each window, so its reads do not collect 429s for us.
+
+Times in Redis are clock milliseconds passed by the caller (:mod:`sume_poller.clock`), so tests
+and benchmarks can drive the limiter with a compressed clock. When Redis is down,
+:class:`LocalPacer` paces each container alone at its share of the budget (fail-safe).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: Lua library. Hash fields: tm/td (TAT, minute/day), pz (429 pause until), au (key pause
+#: until), rm/rr (server's remaining reads and when its window resets), ox (another client of
+#: the key was seen spending until then: keep a read in reserve), lm/ld (learned limits), n
+#: (pending jobs, from fan-out). All times clock ms.
+BUDGET_LUA = """
+local function window(configured, learned, span)
+  local limit = tonumber(configured)
+  local l = tonumber(learned)
+  if l and l > 0 and (limit == 0 or l < limit) then limit = l end
+  if limit <= 0 then return 0, 0 end
+  local burst = math.floor(limit / 50)
+  local spare = (limit >= 20) and 1 or 0
+  local per = math.max(1, limit - burst - 1 - spare)
+  local t = span / per
+  return t, burst * t
+end
+
+local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot)
+  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox')
+  local tm, td = tonumber(s[1]) or 0, tonumber(s[2]) or 0
+  local pz, au = tonumber(s[3]) or 0, tonumber(s[4]) or 0
+  local rm, rr = tonumber(s[5]), tonumber(s[6]) or 0
+  local pending = tonumber(s[9]) or -1
+  local reserve = ((tonumber(s[10]) or 0) > now) and 1 or 0
+  local paused = math.max(pz, au)
+  local exhausted = rm ~= nil and rm <= reserve and now < rr
+  if mode == 'confirm' then
+    if now >= paused and not exhausted and slot <= now + early then
+      if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
+      return {1, 0, pending, 0}
+    end
+    mode = 'take'
+  end
+  local t_m, tau_m = window(cfg_m, s[7], 60000)
+  local t_d, tau_d = window(cfg_d, s[8], 86400000)
+  local at = math.max(now, paused)
+  if t_m > 0 then at = math.max(at, tm - tau_m) end
+  if t_d > 0 then at = math.max(at, td - tau_d) end
+  if mode == 'ahead' then at = math.max(now, paused) end
+  if exhausted and at < rr then at = rr end
+  local wait = at - now
+  if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0} end
+  if max_wait >= 0 and wait > max_wait then
+    return {0, wait, pending, (au > now) and 2 or 1}
+  end
+  if t_m > 0 then tm = math.max(tm, at) + t_m end
+  if t_d > 0 then td = math.max(td, at) + t_d end
+  redis.call('HSET', key, 'tm', tm, 'td', td)
+  if wait <= early then
+    wait = 0
+    if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
+  end
+  redis.call('PEXPIRE', key, 172800000)
+  return {1, wait, pending, (au > now) and 2 or 0}
+end
+"""
+
+#: Lua: what Sume's reply said. ARGV: now, window ('m', 'd' or ''), remaining, reset ms,
+#: retry-after ms (-1: none), learned minute limit, learned day limit (-1: none), cfg_m, cfg_d.
+FEEDBACK_LUA = BUDGET_LUA + """
+local key, now = KEYS[1], tonumber(ARGV[1])
+local w, remaining, reset = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local retry, lm, ld = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+if lm > 0 then redis.call('HSET', key, 'lm', lm) end
+if ld > 0 then redis.call('HSET', key, 'ld', ld) end
+if retry >= 0 then
+  local pz = tonumber(redis.call('HGET', key, 'pz')) or 0
+  redis.call('HSET', key, 'pz', math.max(pz, now + retry))
+end
+if w ~= '' and remaining >= 0 then
+  local rm, rr = tonumber(redis.call('HGET', key, 'rm')), tonumber(redis.call('HGET', key, 'rr')) or 0
+  local span = (w == 'm') and 60000 or 86400000
+  if rm ~= nil and now < rr and now + reset < rr + span / 2 then
+    -- the same Sume window: what is left only goes down (replies of a batch arrive out of order)
+    if remaining < rm then
+      -- Sume counts fewer left than our own grants allow: another client spends this key
+      redis.call('HSET', key, 'ox', now + 600000, 'rm', remaining)
+    end
+  else
+    redis.call('HSET', key, 'rm', remaining, 'rr', now + reset)
+  end
+  local field = (w == 'm') and 'tm' or 'td'
+  local learned = redis.call('HGET', key, (w == 'm') and 'lm' or 'ld')
+  local t, tau = window((w == 'm') and ARGV[8] or ARGV[9], learned, (w == 'm') and 60000 or 86400000)
+  if t > 0 then
+    local tat = tonumber(redis.call('HGET', key, field)) or 0
+    redis.call('HSET', key, field, math.max(tat, now + reset + tau - remaining * t))
+  end
+end
+redis.call('PEXPIRE', key, 172800000)
+return 1
+"""
+
+TAKE_LUA = BUDGET_LUA + """
+return budget_take(KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
+                   ARGV[5], ARGV[6], tonumber(ARGV[7]))
+"""
+
+
+def granted_per_window(limit: int) -> int:
+    """Grants per window in a sustained overload (the same arithmetic as the Lua ``window``)."""
+    return max(1, limit - limit // 50 - 1 - (1 if limit >= 20 else 0))
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """The limiter's answer: read now (``wait == 0``), or at the slot ``wait`` seconds away
+    (reserved when ``granted``), or not reserved at all (``granted`` False: the slot was
+    further than ``max_wait``, or the key is paused)."""
+
+    granted: bool
+    wait: float
+    #: Pending jobs as fan-out last counted them (None: unknown).
+    pending: int | None = None
+    key_paused: bool = False
+
+    @property
+    def now(self) -> bool:
+        return self.granted and self.wait <= 0
+
+    @classmethod
+    def from_reply(cls, reply: list[Any]) -> Grant:
+        granted, wait_ms, pending, reason = (int(x) for x in reply[:4])
+        return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2)
+
+
+@dataclass(frozen=True, slots=True)
+class RateInfo:
+    """Sume's rate-limit headers of one reply (any may be missing)."""
+
+    limit: int | None = None
+    remaining: int | None = None
+    reset: float | None = None
+    #: From ``RateLimit-Policy``: window seconds -> limit.
+    policy: tuple[tuple[int, int], ...] = ()
+    retry_after: float | None = None
+
+    def window(self) -> str:
+        """Which window the Limit/Remaining/Reset triple describes: 'm', 'd' or '' (unknown)."""
+        if self.remaining is None or self.reset is None:
+            return ""
+        for seconds, limit in self.policy:
+            if limit == self.limit:
+                return "m" if seconds <= 60 else "d"
+        return "m" if self.reset <= 60 else "d"
+
+    def learned(self, span: int) -> int | None:
+        for seconds, limit in self.policy:
+            if (seconds <= 60) == (span <= 60):
+                return limit
+        if self.limit is not None and self.window() == ("m" if span <= 60 else "d"):
+            return self.limit
+        return None
+
+    def worth_telling(self, limit_hint: int | None) -> bool:
+        """True when the limiter should hear of this reply: a 429, a limit it may not know, or
+        Sume's window half spent (from then on every reply keeps the limiter's view of what is
+        left fresh: at most one Redis round trip added per read)."""
+        if self.retry_after is not None:
+            return True
+        if self.limit is not None and limit_hint is not None and self.limit != limit_hint:
+            return True
+        return self.remaining is not None and self.limit is not None and self.remaining <= max(10, self.limit // 2)
+
+
+class Budget:
+    """One budget (reads or creates) in a Redis hash, in clock time."""
+
+    def __init__(self, client: Any, key: str, per_minute: int, per_day: int,
+                 now: Callable[[], float], early: float = 0.5) -> None:
+        self._r = client
+        self.key = key
+        self.per_minute = per_minute
+        self.per_day = per_day
+        self._now = now
+        #: A slot this close (clock seconds) counts as now.
+        self.early = early
+        self._take = client.register_script(TAKE_LUA)
+        self._feedback = client.register_script(FEEDBACK_LUA)
+
+    @property
+    def unlimited(self) -> bool:
+        return self.per_minute == 0 and self.per_day == 0
+
+    @property
+    def rate(self) -> float:
+        """Grants per clock second the configured budget sustains (inf when unlimited): what the
+        Lua ``window`` function spaces grants by."""
+        rates = [granted_per_window(n) / span for n, span in ((self.per_minute, 60), (self.per_day, 86_400)) if n > 0]
+        return min(rates) if rates else math.inf
+
+    def take_args(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> list[Any]:
+        """ARGV for the ``budget_take`` Lua function (also used inside the claim script)."""
+        wait_ms = -1 if math.isinf(max_wait) else int(max_wait * 1000)
+        return [int(self._now() * 1000), mode, wait_ms, int(self.early * 1000),
+                self.per_minute, self.per_day, int(slot * 1000)]
+
+    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant:
+        """Reserve the next slot (``mode``: "take", "confirm" a slot at ``slot``, "ahead" of the
+        line for a result or a sweep, or "peek": how far the next slot is, reserving nothing).
+        One round trip."""
+        if self.unlimited:
+            return Grant(True, 0.0)
+        return Grant.from_reply(self._take(keys=[self.key], args=self.take_args(mode, max_wait, slot)))
+
+    def feedback(self, info: RateInfo) -> None:
+        """Tell the limiter what Sume's reply said (one round trip)."""
+        def ms(seconds: float | None) -> int:
+            return -1 if seconds is None else int(seconds * 1000)
+        self._feedback(keys=[self.key], args=[
+            int(self._now() * 1000), info.window(), -1 if info.remaining is None else info.remaining,
+            ms(info.reset), ms(info.retry_after), info.learned(60) or -1, info.learned(86_400) or -1,
+            self.per_minute, self.per_day])
+
+    def pause_key(self, seconds: float) -> None:
+        """Sume refused the key: no read until then (rotation resumes them)."""
+        until = int((self._now() + seconds) * 1000)
+        self._r.hset(self.key, "au", until)
+
+    def set_pending(self, count: int) -> None:
+        self._r.hset(self.key, "n", count)
+
+    def state(self) -> dict[str, float]:
+        raw = self._r.hgetall(self.key)
+        return {str(k): float(v) for k, v in raw.items()}
+
+
+class LocalPacer:
+    """Fail-safe pacing for one container while Redis is unreachable: at most ``rate / share``
+    reads per clock second from this container, so all containers together stay inside the budget."""
+
+    def __init__(self, rate: float, share: int, now: Callable[[], float] = time.time) -> None:
+        self.interval = 0.0 if math.isinf(rate) or rate <= 0 else share / rate
+        self._now = now
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def take(self) -> float:
+        """Reserve this container's next slot; seconds until it (0: read now)."""
+        with self._lock:
+            now = self._now()
+            at = max(now, self._next)
+            self._next = at + self.interval
+            return at - now
