@@ -1,353 +1,563 @@
-"""The poll step: one SQS message, at most one Sume status read.
+"""The poll step: one SQS message of a job's chain, at most one Sume read.
 
-For each message::
+For each message (step ``n`` of chain ``T``)::
 
-    claim lease  -> (lost: drop quietly)
-    [lease was free] consistent read of the record: finished? finish its outbox or drop
-    due later    -> hop: re-queue toward due_at (<= 900 s per hop), no Sume read
-    past deadline / attempt cap -> record timed_out
-    read Sume    -> pending / transient fault: renew lease to delay + margin, re-queue
-                 -> terminal: fetch result when ready, conditional write, event, release
-                 -> key rejected (401/403): pause fan-out, stop this chain loudly
+    gate: claim the lease and take a read slot      (one Redis round trip, see gate.py)
+      held by another chain / a duplicate       -> drop quietly
+      lease was free                            -> new chain; read the record: finished? finish its outbox or drop
+    past the deadline                           -> record timed_out
+    not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
+    no read slot now                            -> re-queue for the reserved slot (keeping the lease)
+    status phase: GET /jobs/{id}
+      running / transient fault / 404 in its grace window -> rest the lease, re-queue at the next read time
+      terminal                                  -> result phase (completed) or the terminal write
+      401 (the key)                             -> pause every read key-wide, re-queue after the pause
+      403                                       -> the job's workspace (record failed) unless a key check says the key
+    result phase: GET /jobs/{id}/result         -> the terminal write with the result, or wait and re-queue
+    terminal write (conditional, once) -> outbox: observation, event, done; release the lease
 
-The lease holds ``"<token>:<seq>"``. A message owns the chain only if the lease holds exactly
-its own ``token:seq``; claiming moves the lease to ``token:seq+1`` so a duplicate of the same
-message finds it taken. A message that does not own the chain may only take a free lease.
+While Redis is unreachable the lease is replaced by a fence on the job record (one chain step
+may read once: duplicates do not read twice) and the budget by per-container pacing: jobs keep
+moving, on their own schedule and deadline.
+
+A step returns an :class:`Outcome`; the next message is not sent here but handed back
+(``Outcome.send``), so the batch adapter sends a whole batch's re-queues together.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 import time
-from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
-from .aws import EventBus, JobStore, PollQueue, terminal_event
-from .config import Settings
-from .jobs import PENDING, backoff_delay, error_delay, hint_delay, hop_delay
-from .lease import LeaseStore, new_token
-from .messages import MessageError, PollMessage, parse_message
-from .observability import MetricUnit, logger, metrics
-from .sume import Fatal, Pending, Result, Retryable, SumeClient, Terminal
+from .budget import Budget, Grant, LocalPacer, RateInfo
+from .clock import Clock
+from .coverage import CoverageView, is_canary
+from .events import EventBus
+from .gate import ReadGate
+from .jobs import PENDING, error_delay, result_wait_delay
+from .lease import Claim, LeaseStore, Step, new_nonce, new_token
+from .messages import RESULT_PHASE, PollMessage
+from .observability import logger
+from .queue import Outgoing, PollQueue
+from .redisconn import reconnect
+from .schedule import DEFAULT_W0, Bounds, defer_delay, max_wait, next_delay, overdue, read_priority
+from .settings import PollSettings
+from .store import Ending, JobStore
+from .sume import Pending, Refused, Result, Retryable, SumeClient, Terminal
 
-#: A message this close to its due time is read now rather than hopped again (seconds).
+#: A message this close to its due time (clock seconds) is read now rather than hopped again.
 HOP_TOLERANCE = 0.1
-#: How long a message waits before retrying when Redis cannot be reached.
-REDIS_RETRY_DELAY = 30
-
-Checkpoint = Callable[[str, str], None]
+#: Real seconds a Sume call needs at least, and the time kept after it for the steps that
+#: follow (lease, terminal write, event): a record with less left does not start a read.
+MIN_READ_REAL = 1.0
+AFTER_READ_REAL = 3.0
+#: How long a rejected key pauses every read (clock seconds), and how long a key check holds.
+KEY_PAUSE = 300.0
+KEY_CHECK_TTL = 60.0
+#: Result fetches that may answer 404 for a completed job before it is recorded without one.
+RESULT_NOT_FOUND_LIMIT = 3
+#: Hooks for the fault suite: called after each named step with (step, job_id).
+STEPS = ("claimed", "read", "rested", "result", "written", "published", "released")
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one message (the batch handler turns these into metrics)."""
+    """What one message did. ``send`` is the chain's next message, for the batch to send;
+    ``undo`` frees the lease if that send fails (so SQS's redelivery can take over)."""
 
     name: str
-    delay: int | None = None
+    status_reads: int = 0
+    result_reads: int = 0
     status: str | None = None
-    reads: int = 0
+    send: Outgoing | None = None
+    undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     failed: bool = False
+    signals: tuple[str, ...] = ()
+
+    @property
+    def reads(self) -> int:
+        return self.status_reads + self.result_reads
+
+
+class Deadline:
+    """The real time one record's work may take (the invocation's, less a safety margin)."""
+
+    def __init__(self, seconds: float, now: Callable[[], float] = time.monotonic) -> None:
+        self._now = now
+        self._end = now() + seconds
+
+    def left(self) -> float:
+        return self._end - self._now()
+
+    def call_budget(self) -> float:
+        """Real seconds a Sume call may take and still leave time for what follows it."""
+        return max(0.05, self.left() - AFTER_READ_REAL)
+
+
+class Hold(Protocol):
+    """What the state machine needs of whatever keeps other pollers off the job."""
+
+    def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool: ...
+    def release(self) -> None: ...
+    def undo_rest(self) -> None: ...
+
+
+class LeaseHold:
+    """The job's Redis lease, held by one step of a chain."""
+
+    def __init__(self, lease: LeaseStore, job_id: str, step: Step) -> None:
+        self.lease, self.job_id, self.step = lease, job_id, step
+
+    def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool:
+        try:
+            return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)))
+        except RedisError as exc:  # keep the chain going: its next message re-takes the lease
+            logger.warning("lease rest failed (Redis); re-queueing anyway", extra={"error": type(exc).__name__})
+            return True
+
+    def release(self) -> None:
+        self._release(self.step.claimed)
+
+    def undo_rest(self) -> None:
+        self._release(self.step.next_resting)
+
+    def _release(self, value: str) -> None:
+        try:
+            self.lease.release(self.job_id, value)
+        except RedisError as exc:  # it expires on its own
+            logger.warning("lease release failed; it will expire", extra={"error": type(exc).__name__})
+
+
+class FenceHold:
+    """While Redis is down: the fence on the job record; the chain's next due time is kept there
+    too, so fan-out does not start a second chain once Redis is back."""
+
+    def __init__(self, store: JobStore, job_id: str, margin: float) -> None:
+        self.store, self.job_id, self.margin = store, job_id, margin
+
+    def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool:
+        self.store.set_chain_due(self.job_id, due + self.margin)
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def undo_rest(self) -> None:
+        pass
 
 
 class Poller:
-    def __init__(self, settings: Settings, lease: LeaseStore, sume: SumeClient, store: JobStore,
-                 queue: PollQueue, bus: EventBus, *, clock: Callable[[], float] = time.time,
-                 checkpoint: Checkpoint | None = None) -> None:
+    def __init__(self, settings: PollSettings, *, gate: ReadGate, budget: Budget, pacer: LocalPacer,
+                 sume: SumeClient, store: JobStore, bus: EventBus, queue: PollQueue,
+                 models: Callable[[str, str], Any] | None = None, coverage: CoverageView | None = None,
+                 step_hook: Callable[[str, str], None] | None = None, rng: random.Random | None = None) -> None:
         self.s = settings
-        self.lease = lease
+        self.clock: Clock = settings.common.clock
+        self.gate = gate
+        self.lease = gate.lease
+        self.budget = budget
+        self.pacer = pacer
         self.sume = sume
         self.store = store
-        self.queue = queue
         self.bus = bus
-        self.clock = clock
-        self.claim_ttl_ms = settings.claim_ttl_seconds * 1000
-        # Fault-injection hook for tests: called after each step with (step, job_id).
-        self._checkpoint = checkpoint
+        self.queue = queue
+        self.models = models or (lambda profile, kind: None)
+        #: What sweeps proved and whether webhooks arrive: covered kinds stretch to the safety cadence.
+        self.coverage = coverage if settings.discovery.sweeps or settings.discovery.webhook_kinds else None
+        self.bounds = Bounds(settings.schedule.min_interval, settings.schedule.max_interval,
+                             settings.schedule.age_fraction)
+        #: Test seam: called after each step in STEPS; the fault suite raises from it to crash there.
+        self.step_hook = step_hook
+        self.rng = rng or random.Random()
+        self._key_ok_until = 0.0
+        self._last_ok_job: str | None = None
+        #: Pending jobs as fan-out last counted them (the limiter passes it on): the backstop's scale.
+        self._pending: int | None = None
 
     def _step(self, name: str, job_id: str) -> None:
-        if self._checkpoint is not None:
-            self._checkpoint(name, job_id)
+        if self.step_hook is not None:
+            self.step_hook(name, job_id)
 
-    # -- the lease ----------------------------------------------------------------------
-    def _claim(self, msg: PollMessage, ttl_ms: int) -> tuple[str, int, bool] | str:
-        """(token, seq now held, lease was free), or why not: "contention" (another chain holds
-        the job) or "auth_paused" (Sume rejected the key recently: no chain starts)."""
-        if msg.token is not None:
-            held = f"{msg.token}:{msg.seq + 1}"
-            if self.lease.renew(msg.job_id, msg.lease_value or "", held, ttl_ms):
-                return msg.token, msg.seq + 1, False
-        else:
-            held = f"{new_token()}:1"
-        # Not this chain's turn: only a free lease may be taken. This is also where every chain
-        # starts (submit, fan-out, recovery), so it is where the auth pause is honoured.
-        taken = self.lease.acquire_unless_paused(msg.job_id, held, ttl_ms)
-        if taken is None:
-            return "auth_paused"
-        if not taken:
-            return "contention"
-        token, seq = held.rsplit(":", 1)
-        return token, int(seq), True
-
-    def _release(self, job_id: str, held: str) -> None:
+    # -- entry ----------------------------------------------------------------------------------
+    def process(self, msg: PollMessage, deadline: Deadline) -> Outcome:
+        now = self.clock.now()
+        if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+            # Not enough of the invocation left to finish a step: the same message goes back.
+            return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
+        due = min(msg.due_at, float(msg.deadline_at))
+        if msg.normal_due is not None and not self._stretches(msg.kind, msg.job_id, now):
+            due = min(due, msg.normal_due)  # sweeps stopped covering the kind: back to the normal schedule
+        hop = due - now if due - now > HOP_TOLERANCE else None
+        nonce = new_nonce()
+        step = Step(msg.token, msg.seq, nonce) if msg.token else None
+        fresh = Step(new_token(), 0, nonce)
+        ttl = self.clock.to_real(min(hop, self.queue.max_delay)) + self.s.lease.margin if hop else \
+            float(self.s.lease.claim_ttl)
+        needs_read = not hop and (msg.phase != RESULT_PHASE or (msg.outcome or {}).get("status") == "completed")
+        # A result fetch finishes a job Sume already finished: it reads ahead of status reads.
+        mode = "none" if not needs_read else "ahead" if msg.phase == RESULT_PHASE else (
+            "confirm" if msg.slot_at is not None else "take")
+        patience = self._patience(msg, now) if mode == "take" else math.inf
         try:
-            self.lease.release(job_id, held)
-        except RedisError as exc:  # it expires on its own
-            logger.warning("lease release failed; it will expire", extra={"error": type(exc).__name__})
-        self._step("released", job_id)
-
-    # -- the message ----------------------------------------------------------------------
-    def process(self, msg: PollMessage) -> Outcome:
-        now = self.clock()
-        # Not due yet (SQS caps one delay at 900 s): hop on without reading Sume, but never past
-        # the job's deadline. A message a hair early (clock skew) is treated as due.
-        remaining = min(msg.due_at, msg.deadline_at) - now
-        hop = hop_delay(remaining, self.s.max_delay_seconds) if remaining > HOP_TOLERANCE else None
-        ttl_ms = (hop + self.s.lease_margin_seconds) * 1000 if hop is not None else self.claim_ttl_ms
-        try:
-            claimed = self._claim(msg, ttl_ms)
+            passage = self.gate.enter(msg.job_id, step or fresh, fresh, max(1, int(ttl * 1000)), mode=mode,
+                                      max_wait=patience, slot=msg.slot_at or 0.0)
         except RedisError as exc:
-            return self._redis_unavailable(msg, exc)
-        if isinstance(claimed, str):
-            if claimed == "auth_paused":
-                logger.warning("Sume auth is paused after a rejected key; message dropped, "
-                               "fan-out resumes the job after the pause")
-            else:
-                logger.info("lease held by another chain; dropping message", extra={"seq": msg.seq})
-            return Outcome(claimed)
-        token, seq, was_free = claimed
-        held = f"{token}:{seq}"
+            reconnect(self.lease.client, exc)
+            logger.warning("Redis unavailable: polling without the lease", extra={"error": type(exc).__name__})
+            return self._unleased(msg, hop, deadline)
+        if passage.grant is not None and passage.grant.pending is not None:
+            self._pending = passage.grant.pending
+        if passage.claim is Claim.HELD:
+            logger.info("another chain or delivery holds the job; message dropped", extra={"seq": msg.seq})
+            return Outcome("contention")
+        held = step if passage.claim is Claim.OWN and step else fresh
+        hold = LeaseHold(self.lease, msg.job_id, held)
         self._step("claimed", msg.job_id)
-        kind, deadline = msg.kind, msg.deadline_at
-
-        if was_free:
+        chain = msg.next(token=held.token, seq=held.seq)
+        if passage.claim is Claim.FRESH:
             record = self.store.get(msg.job_id)
-            if record is None:
-                logger.error("poll message for a job that is not recorded; dropping it")
-                self._release(msg.job_id, held)
-                return Outcome("unknown_job")
-            if record.get("status") != PENDING:
-                return self._already_terminal(msg.job_id, record, held)
-            kind = str(record.get("kind") or kind)
-            deadline = int(record.get("deadline_at") or deadline)
+            if record is None or record.get("status") != PENDING:
+                return self._not_pending(msg.job_id, record, hold)
+            chain = _refresh(chain, record)
+        return self._advance(chain, hold, passage.grant, hop, deadline)
 
-        chain = msg.next(token=token, seq=seq, kind=kind, deadline_at=deadline)
-        if now >= deadline or msg.attempt >= self.s.max_poll_attempts:
-            why = "deadline_exceeded" if now >= deadline else "attempts_exceeded"
-            return self._finish(chain, held, "timed_out", None,
-                                {"code": why, "message": "sume-poller stopped watching this job"}, None)
+    def _unleased(self, msg: PollMessage, hop: float | None, deadline: Deadline) -> Outcome:
+        chain = msg if msg.token else msg.next(token=new_token(), seq=0)
+        hold = FenceHold(self.store, msg.job_id, self.clock.from_real(self.s.lease.margin))
+        signals = ("RedisUnavailable",)
+        if hop is None and self.clock.now() < chain.deadline_at:
+            wait = self.pacer.take()
+            if wait > 0:
+                return self._requeue(chain, hold, due=self.clock.now() + wait, name="budget_wait", signals=signals)
+            fence = self.store.fence(chain.job_id, chain.token or "", chain.seq, now=self.clock.now(),
+                                     hold=self.clock.from_real(self.s.lease.claim_ttl))
+            if not fence.won:
+                return _with_signals(self._not_pending(chain.job_id, fence.record, hold, duplicate=True), signals)
+        return _with_signals(self._advance(chain, hold, None, hop, deadline), signals)
+
+    # -- the state machine ------------------------------------------------------------------------
+    def _advance(self, chain: PollMessage, hold: Hold, grant: Grant | None, hop: float | None,
+                 deadline: Deadline) -> Outcome:
+        now = self.clock.now()
+        if now >= chain.deadline_at:
+            return self._timed_out(chain, hold)
         if hop is not None:
-            self._send(chain, hop, held)
-            logger.debug("hop toward due time", extra={"delay": hop, "remaining": round(remaining)})
-            return Outcome("hopped", delay=hop)
+            return self._requeue(chain, hold, due=chain.due_at, name="hopped", slot_at=chain.slot_at)
+        if chain.phase == RESULT_PHASE and (chain.outcome or {}).get("status") != "completed":
+            return self._known_ending(chain, hold)
+        if grant is not None and not grant.now:
+            return self._wait_for_slot(chain, hold, grant)
+        if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+            return self._requeue(chain, hold, due=now, name="out_of_time")
+        if chain.phase == RESULT_PHASE:
+            return self._fetch_result(chain, hold, deadline)
+        return self._read_status(chain, hold, deadline)
 
-        reply = self.sume.get_status(msg.job_id)
-        self._step("read", msg.job_id)
+    def _known_ending(self, chain: PollMessage, hold: Hold) -> Outcome:
+        """A sweep or webhook handed over a job Sume listed as failed, canceled or expired: write
+        it without a read."""
+        facts = chain.outcome or {}
+        error = facts.get("error") if isinstance(facts.get("error"), dict) else None
+        return self._finish(chain, hold, str(facts.get("status")), facts.get("sume_status"), error)
+
+    def _wait_for_slot(self, chain: PollMessage, hold: Hold, grant: Grant) -> Outcome:
+        now = self.clock.now()
+        if grant.granted:
+            at = now + grant.wait
+            return self._requeue(chain, hold, due=at, name="budget_wait", slot_at=at,
+                                 signals=("KeyPaused",) if grant.key_paused else ("BudgetExhausted",))
+        if grant.key_paused:
+            return self._requeue(chain, hold, due=now + grant.wait + self.rng.uniform(0, 30), name="key_paused",
+                                 signals=("KeyPaused",))
+        model, age, last, _ = self._position(chain, now)
+        delay = defer_delay(model, last, age, grant.wait, DEFAULT_W0, self.bounds)
+        return self._requeue(chain, hold, due=now + delay, name="deferred")
+
+    def _read_status(self, chain: PollMessage, hold: Hold, deadline: Deadline) -> Outcome:
+        reply = self.sume.get_status(chain.job_id, budget=deadline.call_budget())
+        now = self.clock.now()
+        self._step("read", chain.job_id)
+        self._tell_budget(reply.rate)
+        chain = chain.next(reads=chain.reads + 1, slot_at=None)
         if isinstance(reply, Pending):
+            self._last_ok_job = chain.job_id
+            signals = ("UnknownStatus",) if reply.unknown_status else ()
             if reply.unknown_status:
-                logger.warning("unknown Sume status; treating as not terminal",
+                logger.warning("unknown Sume status; treating it as not terminal",
                                extra={"sume_status": reply.status, "request_id": reply.request_id})
-                metrics.add_metric(name="UnknownStatus", unit=MetricUnit.Count, value=1)
-            delay = (hint_delay(reply.next_poll_after) if reply.next_poll_after is not None
-                     else backoff_delay(kind, msg.attempt))
-            return self._requeue(chain, held, delay, errors=0, name="requeued")
+            due = now + self._next_delay(chain, now, reply.next_poll_after)
+            if self._stretches(chain.kind, chain.job_id, now):
+                return self._requeue(chain, hold, due=max(due, now + self.s.discovery.safety), name="stretched",
+                                     status_reads=1, errors=0, seen_running_at=now, normal_due=round(due, 3),
+                                     found_by=None, signals=signals)
+            return self._requeue(chain, hold, due=due, name="requeued", status_reads=1, errors=0,
+                                 seen_running_at=now, normal_due=None, found_by=None, signals=signals)
         if isinstance(reply, Retryable):
-            return self._transient(chain, held, reply)
-        if isinstance(reply, Fatal):
-            return self._fatal(chain, held, reply)
-        return self._terminal(chain, held, reply)
+            return self._transient(chain, hold, reply, status_reads=1)
+        if isinstance(reply, Refused):
+            return self._refused(chain, hold, reply, deadline, status_reads=1)
+        return self._terminal(chain, hold, reply, now, deadline)
 
-    def _terminal(self, chain: PollMessage, held: str, reply: Terminal) -> Outcome:
-        result: dict[str, Any] | None = None
-        error = reply.error
-        if reply.status == "completed":
-            if not reply.result_ready:
-                delay = (hint_delay(reply.next_poll_after) if reply.next_poll_after is not None
-                         else backoff_delay("image", 0))
-                return self._requeue(chain, held, delay, errors=0, name="result_not_ready")
-            fetched = self.sume.get_result(chain.job_id)
-            self._step("result", chain.job_id)
-            if isinstance(fetched, Retryable):
-                return self._transient(chain, held, fetched, reads=1)
-            if isinstance(fetched, Fatal):
-                if fetched.scope == "key":
-                    return self._fatal(chain, held, fetched)
-                logger.error("Sume has no result for a completed job",
-                             extra={"code": fetched.reason, "request_id": fetched.request_id})
-                error = {"code": "result_unavailable", "message": fetched.reason}
-            elif isinstance(fetched, Result):
-                result = fetched.payload
-        return self._finish(chain, held, reply.status, reply.sume_status, error, result)
+    def _terminal(self, chain: PollMessage, hold: Hold, reply: Terminal, now: float, deadline: Deadline) -> Outcome:
+        self._last_ok_job = chain.job_id
+        if self.coverage is not None and self.s.discovery.sweeps:  # what proves (or disproves) sweeps' coverage
+            with contextlib.suppress(RedisError):
+                self.coverage.store.found(chain.kind, chain.job_id, now)
+        outcome = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error}
+        chain = chain.next(seen_terminal_at=now, errors=0,
+                           outcome={k: v for k, v in outcome.items() if v is not None})
+        if reply.status != "completed":
+            return self._finish(chain, hold, reply.status, reply.sume_status, reply.error, status_reads=1)
+        chain = chain.next(phase=RESULT_PHASE)
+        if not reply.result_ready:
+            wait = reply.next_poll_after if reply.next_poll_after else result_wait_delay(0, self.rng)
+            return self._requeue(chain, hold, due=now + wait, name="result_not_ready", status_reads=1,
+                                 result_waits=1)
+        grant = self._take_slot(ahead=True)
+        if grant is not None and not grant.now:
+            out = self._wait_for_slot(chain, hold, grant)
+            return _counted(out, status_reads=1)
+        return _counted(self._fetch_result(chain, hold, deadline), status_reads=1)
 
-    def _finish(self, chain: PollMessage, held: str, status: str, sume_status: str | None,
-                error: dict[str, str] | None, result: dict[str, Any] | None) -> Outcome:
-        reads = 0 if status == "timed_out" else 1
-        write = self.store.record_terminal(chain.job_id, status, sume_status=sume_status, error=error,
-                                           result=result, attempts=chain.attempt + reads,
-                                           shards=self.s.pending_shards)
+    def _fetch_result(self, chain: PollMessage, hold: Hold, deadline: Deadline) -> Outcome:
+        reply = self.sume.get_result(chain.job_id, budget=deadline.call_budget())
+        now = self.clock.now()
+        self._step("result", chain.job_id)
+        self._tell_budget(reply.rate)
+        chain = chain.next(result_reads=chain.result_reads + 1, slot_at=None)
+        facts = chain.outcome or {"status": "completed"}
+        if isinstance(reply, Result):
+            return self._finish(chain, hold, "completed", facts.get("sume_status"), None, result=reply.payload,
+                                has_result=True, result_reads=1)
+        if isinstance(reply, Refused) and reply.why == "not_found" and chain.result_waits >= RESULT_NOT_FOUND_LIMIT:
+            logger.error("Sume has no result for a completed job", extra={"request_id": reply.request_id})
+            return self._finish(chain, hold, "completed", facts.get("sume_status"),
+                                {"code": "result_unavailable", "message": "Sume answered 404 for the result"},
+                                result_reads=1)
+        if isinstance(reply, Refused) and reply.why in ("key", "forbidden"):
+            return self._refused(chain, hold, reply, deadline, result_reads=1)
+        if isinstance(reply, Refused) and reply.why != "not_found":
+            return self._finish(chain, hold, "completed", facts.get("sume_status"),
+                                {"code": reply.code or f"http_{reply.http_status}",
+                                 "message": reply.message or "Sume refused the result"}, result_reads=1)
+        retry_after = reply.retry_after if isinstance(reply, Retryable) else None
+        wait = retry_after if retry_after is not None else result_wait_delay(chain.result_waits, self.rng)
+        return self._requeue(chain, hold, due=now + wait, name="result_not_ready", result_reads=1,
+                             result_waits=chain.result_waits + 1)
+
+    def _transient(self, chain: PollMessage, hold: Hold, reply: Retryable, *, status_reads: int = 0,
+                   result_reads: int = 0) -> Outcome:
+        errors = chain.errors + 1
+        delay = error_delay(errors, reply.retry_after, self.rng)
+        logger.warning("transient Sume fault; re-queued", extra={
+            "reason": reply.reason, "http_status": reply.http_status, "request_id": reply.request_id,
+            "delay": round(delay, 1), "errors": errors})
+        signals = ("SumeThrottled",) if reply.http_status == 429 else ()
+        return self._requeue(chain, hold, due=self.clock.now() + delay, name="transient", errors=errors,
+                             signals=signals, status_reads=status_reads, result_reads=result_reads)
+
+    def _refused(self, chain: PollMessage, hold: Hold, reply: Refused, deadline: Deadline, *,
+                 status_reads: int = 0, result_reads: int = 0) -> Outcome:
+        now = self.clock.now()
+        log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id}
+        if reply.why == "not_found" and chain.phase != RESULT_PHASE:
+            submitted = chain.submitted_at or chain.deadline_at - self.s.jobs.max_age
+            if now - submitted < self.s.jobs.not_found_grace:
+                logger.info("404 soon after submission (read-after-create lag); retrying", extra=log)
+                return _with_signals(self._transient(chain, hold, Retryable("not_found_yet", http_status=404),
+                                                     status_reads=status_reads, result_reads=result_reads),
+                                     ("NotFoundGrace",))
+        if reply.why == "key" or (reply.why == "forbidden" and self._key_refused(deadline)):
+            logger.error("Sume refused the API key: every read paused", extra={**log, "pause_seconds": KEY_PAUSE})
+            try:
+                self.budget.pause_key(KEY_PAUSE)
+            except RedisError:
+                logger.warning("could not set the key pause in Redis")
+            return self._requeue(chain, hold, due=now + KEY_PAUSE + self.rng.uniform(0, 30), name="key_rejected",
+                                 signals=("SumeAuthFailed",), status_reads=status_reads, result_reads=result_reads)
+        if reply.why == "forbidden":
+            logger.error("Sume forbids this job (another workspace); recording it as failed", extra=log)
+        else:
+            logger.error("Sume refused this job; recording it as failed", extra=log)
+        error = {"code": reply.code or reply.why, "message": reply.message or f"Sume answered {reply.http_status}"}
+        return self._finish(chain, hold, "failed", None, error, status_reads=status_reads, result_reads=result_reads)
+
+    def _key_refused(self, deadline: Deadline) -> bool:
+        """After a 403 on a job: is it the key (True) or only this job (False)? One read that
+        names no job (``GET /jobs?limit=1``), held for a minute; if the list route itself is
+        forbidden, a job this container read fine recently decides. No evidence: the key."""
+        now = self.clock.now()
+        if now < self._key_ok_until:
+            return False
+        listing = self.sume.list_jobs(limit=1, budget=deadline.call_budget())
+        if isinstance(listing, Refused) and listing.why == "forbidden" and self._last_ok_job:
+            probe = self.sume.get_status(self._last_ok_job, budget=deadline.call_budget())
+            refused = isinstance(probe, Refused) and probe.why in ("key", "forbidden")
+        else:
+            refused = isinstance(listing, Refused) and listing.why in ("key", "forbidden")
+        if not refused:
+            self._key_ok_until = now + KEY_CHECK_TTL
+        return refused
+
+    # -- ending -----------------------------------------------------------------------------------
+    def _timed_out(self, chain: PollMessage, hold: Hold) -> Outcome:
+        facts = chain.outcome or {}
+        code = "result_not_ready" if chain.phase == RESULT_PHASE else "deadline_exceeded"
+        return self._finish(chain, hold, "timed_out", facts.get("sume_status"),
+                            {"code": code, "message": "sume-poller stopped watching this job at its deadline"})
+
+    def _finish(self, chain: PollMessage, hold: Hold, status: str, sume_status: str | None,
+                error: dict[str, str] | None, *, result: Any = None, has_result: bool = False,
+                status_reads: int = 0, result_reads: int = 0) -> Outcome:
+        now = self.clock.now()
+        ending = Ending(status, sume_status, error, result, has_result, chain.reads, chain.result_reads,
+                        chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain")
+        write = self.store.record_terminal(chain.job_id, ending, now=now)
         self._step("written", chain.job_id)
-        if write.won:
-            assert write.record is not None
-            self._publish(chain.job_id, write.record)
-            log = logger.warning if status == "timed_out" else logger.info
-            log("job terminal", extra={"status": status, "sume_status": sume_status,
-                                       "attempts": chain.attempt + reads})
-            self._release(chain.job_id, held)
-            return Outcome("terminal", status=status, reads=reads)
-        if write.record is None:
-            logger.error("terminal job is not recorded; nothing written")
-            self._release(chain.job_id, held)
-            return Outcome("unknown_job", reads=reads)
-        outcome = self._already_terminal(chain.job_id, write.record, held)
-        return Outcome(outcome.name, status=outcome.status, reads=reads)
+        if not write.won:
+            return _counted(self._not_pending(chain.job_id, write.record, hold), status_reads, result_reads)
+        assert write.record is not None
+        self._finish_outbox(chain.job_id, write.record)
+        (logger.warning if status == "timed_out" else logger.info)(
+            "job terminal", extra={"status": status, "sume_status": sume_status, "reads": chain.reads})
+        hold.release()
+        self._step("released", chain.job_id)
+        return Outcome("terminal", status_reads, result_reads, status)
 
-    def _already_terminal(self, job_id: str, record: dict[str, Any], held: str) -> Outcome:
-        """A message for a job that is already recorded terminal: finish its outbox or drop."""
+    def _finish_outbox(self, job_id: str, record: dict[str, Any]) -> None:
+        """Everything a terminal transition owes, each step safe to repeat: the observation of
+        its completion time, the event, then the record leaves the index."""
+        observation = completion_interval(record)
+        if observation is not None:
+            kind = str(record.get("kind"))
+            for profile in dict.fromkeys((str(record.get("profile") or kind), kind)):
+                self.store.put_observation(profile, job_id, *observation,
+                                           at=float(record.get("terminal_at") or self.clock.now()))
+        self.bus.put_terminal(job_id, record)
+        self._step("published", job_id)
+        self.store.clear_outbox(job_id, now=self.clock.now())
+
+    def _not_pending(self, job_id: str, record: dict[str, Any] | None, hold: Hold,
+                     duplicate: bool = False) -> Outcome:
+        """The job is not (or no longer) pending: finish an earlier attempt's outbox, or drop."""
+        if record is None:
+            logger.error("poll message for a job that is not recorded; dropped")
+            hold.release()
+            return Outcome("unknown_job")
         if record.get("event_pending"):
-            logger.info("finishing the terminal event of an earlier attempt")
-            self._publish(job_id, record)
-            self._release(job_id, held)
+            logger.info("finishing the outbox of an earlier attempt")
+            self._finish_outbox(job_id, record)
+            hold.release()
             return Outcome("outbox", status=str(record.get("status")))
-        logger.info("job already terminal; duplicate message dropped",
-                    extra={"status": record.get("status")})
-        self._release(job_id, held)
+        if duplicate and record.get("status") == PENDING:
+            logger.info("a duplicate of this step already read Sume (Redis down); dropped")
+        else:
+            logger.info("job already terminal; message dropped", extra={"status": record.get("status")})
+        hold.release()
         return Outcome("duplicate", status=str(record.get("status")))
 
-    def _publish(self, job_id: str, record: dict[str, Any]) -> None:
-        self.bus.put_terminal(terminal_event(job_id, record))
-        self._step("published", job_id)
-        self.store.clear_outbox(job_id)
-
-    def _transient(self, chain: PollMessage, held: str, reply: Retryable, reads: int = 0) -> Outcome:
-        errors = chain.errors + 1
-        delay = error_delay(errors, reply.retry_after)
-        logger.warning("transient Sume fault; re-queued", extra={
-            "reason": reply.reason, "http_status": reply.http_status,
-            "request_id": reply.request_id, "delay": delay, "errors": errors})
-        return self._requeue(chain, held, delay, errors=errors, name="transient", extra_reads=reads)
-
-    def _fatal(self, chain: PollMessage, held: str, reply: Fatal) -> Outcome:
-        if reply.scope == "key":
-            logger.error("Sume rejected the API key: polling stopped and fan-out paused", extra={
-                "http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id,
-                "pause_seconds": self.s.auth_pause_seconds})
-            try:
-                self.lease.pause_auth(self.s.auth_pause_seconds)
-            except RedisError:
-                logger.warning("could not set the auth pause in Redis")
-            self._release(chain.job_id, held)
-            return Outcome("auth_failed", reads=1)
-        logger.error("Sume refused this job; recording it as failed", extra={
-            "http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id})
-        return self._finish(chain, held, "failed", None,
-                            {"code": reply.code or reply.reason, "message": reply.message or ""}, None)
-
-    def _requeue(self, chain: PollMessage, held: str, delay: int, *, errors: int, name: str,
-                 extra_reads: int = 0) -> Outcome:
-        now = self.clock()
-        # Never wait past the deadline: the message then comes back and records timed_out.
-        delay = max(1, min(delay, math.ceil(chain.deadline_at - now)))
-        nxt = chain.next(attempt=chain.attempt + 1, errors=errors, due_at=round(now + delay, 3))
-        send_delay = min(delay, self.s.max_delay_seconds)
-        try:
-            still_ours = self.lease.renew(chain.job_id, held, held,
-                                          (send_delay + self.s.lease_margin_seconds) * 1000)
-        except RedisError as exc:
-            # Keep the chain going: the next message re-takes a free lease or finds a newer chain.
-            logger.warning("lease renew failed (Redis); re-queueing anyway",
-                           extra={"error": type(exc).__name__})
-            still_ours = True
-        if not still_ours:
+    # -- helpers ----------------------------------------------------------------------------------
+    def _requeue(self, chain: PollMessage, hold: Hold, *, due: float, name: str, status_reads: int = 0,
+                 result_reads: int = 0, signals: tuple[str, ...] = (), **changes: Any) -> Outcome:
+        """Rest the lease until the next step is due, and hand that step back for sending.
+        The next step never waits past the job's deadline (it then records timed_out)."""
+        now = self.clock.now()
+        due = min(max(due, now), float(chain.deadline_at))
+        nxt = chain.next(seq=chain.seq + 1, due_at=round(due, 3), **changes)
+        delay = min(due - now, self.queue.max_delay)
+        if nxt.normal_due is not None:  # a stretched chain hops to check that sweeps still cover it
+            delay = min(delay, self.s.discovery.check)
+        if not hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
             logger.warning("lease lost before re-queue; another chain owns the job")
-            return Outcome("lease_lost", reads=1 + extra_reads)
-        self._step("renewed", chain.job_id)
-        self._send(nxt, send_delay, held)
-        return Outcome(name, delay=delay, reads=1 + extra_reads)
+            return Outcome("lease_lost", status_reads, result_reads, signals=signals)
+        self._step("rested", chain.job_id)
+        return Outcome(name, status_reads, result_reads, send=Outgoing(chain.job_id, nxt.to_json(), delay),
+                       undo=hold.undo_rest, signals=signals)
 
-    def _send(self, msg: PollMessage, delay: int, held: str) -> None:
+    def _stretches(self, kind: str, job_id: str, now: float) -> bool:
+        if self.coverage is None or is_canary(job_id):
+            return False
+        found = self.coverage.get()
+        d = self.s.discovery
+        return (d.sweeps and found.stretches(kind, now)) or (
+            kind in d.webhook_kinds and found.webhooks_arrive(now, within=2 * d.safety))
+
+    def _position(self, chain: PollMessage, now: float) -> tuple[Any, float, float | None, float]:
+        """(model or None, age, age at the last read that saw it running, seconds since that read)."""
+        submitted = chain.submitted_at or chain.deadline_at - self.s.jobs.max_age
+        model = self.models(chain.profile or chain.kind, chain.kind) if self.s.schedule.learned else None
+        last = None if chain.seen_running_at is None else chain.seen_running_at - submitted
+        gap = now - (chain.seen_running_at if chain.seen_running_at is not None else submitted)
+        return model, max(0.0, now - submitted), last, gap
+
+    def _next_delay(self, chain: PollMessage, now: float, hint: float | None) -> float:
+        model, age, last, _ = self._position(chain, now)
+        return next_delay(chain.kind, chain.reads - 1, age, last, model, self.bounds, hint=hint, rng=self.rng)
+
+    def _patience(self, chain: PollMessage, now: float) -> float:
+        """How far away a read slot this step accepts: any (FIFO) without a learned model, for a
+        result fetch, or past the max-gap backstop; otherwise by its chance of finding the job done."""
+        if chain.phase == RESULT_PHASE:
+            return math.inf
+        model, age, last, gap = self._position(chain, now)
+        if model is None or (self._pending is not None and overdue(gap, self._pending, self.budget.rate)):
+            return math.inf
+        return max_wait(read_priority(model, last, age), DEFAULT_W0)
+
+    def _take_slot(self, ahead: bool = False) -> Grant | None:
+        """A read slot for a second read in the same step (the result after a terminal status)."""
         try:
-            self.queue.send(msg.to_json(), delay)
-        except Exception:
-            # Free the lease so SQS's redelivery of this message can take it straight away.
-            self._release(msg.job_id, held)
-            raise
-        self._step("requeued", msg.job_id)
+            return None if self.budget.unlimited else self.budget.take("ahead" if ahead else "take")
+        except RedisError:
+            wait = self.pacer.take()
+            return Grant(True, wait)
 
-    def _redis_unavailable(self, msg: PollMessage, exc: Exception) -> Outcome:
-        """No lease, no Sume read: send the same message again later (it keeps its place)."""
-        logger.warning("Redis unavailable; message re-sent unchanged",
-                       extra={"error": type(exc).__name__, "delay": REDIS_RETRY_DELAY})
-        self.queue.send(msg.to_json(), REDIS_RETRY_DELAY)
-        return Outcome("redis_unavailable", delay=REDIS_RETRY_DELAY)
-
-
-# -- the batch ---------------------------------------------------------------------------------
-_POOL = ThreadPoolExecutor(max_workers=10, thread_name_prefix="poll")
-#: Outcomes this container has seen (also emitted as metrics); local runs and the demo read it.
-OUTCOME_TOTALS: Counter[str] = Counter()
+    def _tell_budget(self, rate: RateInfo) -> None:
+        if rate.retry_after is None and not rate.worth_telling(self.budget.per_minute or None):
+            return
+        try:
+            self.budget.feedback(rate)
+        except RedisError as exc:
+            logger.warning("could not tell the budget what Sume said", extra={"error": type(exc).__name__})
 
 
-def _process_record(poller: Poller, record: Any) -> Outcome:
-    message_id = record.get("messageId") if isinstance(record, dict) else None
-    try:
-        msg = parse_message(record.get("body") if isinstance(record, dict) else None)
-    except MessageError as exc:
-        logger.error("malformed poll message", extra={"message_id": message_id, "reason": str(exc)})
-        return Outcome("malformed", failed=True)
-    logger.thread_safe_append_keys(correlation_id=msg.job_id)
-    try:
-        return poller.process(msg)
-    except Exception as exc:
-        logger.exception("poll failed; SQS will retry the message",
-                         extra={"message_id": message_id, "error": type(exc).__name__})
-        return Outcome("error", failed=True)
-    finally:
-        logger.thread_safe_clear_keys()
+def _refresh(chain: PollMessage, record: dict[str, Any]) -> PollMessage:
+    """A chain that (re)starts takes the job's facts from its record."""
+    submitted = record.get("submitted_at")
+    return chain.next(kind=str(record.get("kind") or chain.kind),
+                      deadline_at=int(record.get("deadline_at") or chain.deadline_at),
+                      submitted_at=int(submitted) if isinstance(submitted, int | float) else chain.submitted_at,
+                      profile=record.get("profile") or chain.profile)
 
 
-def handle_batch(event: Any, remaining_ms: Callable[[], int], poller: Poller) -> dict[str, Any]:
-    """Poll every record of an SQS batch concurrently; partial batch response.
+def _with_signals(outcome: Outcome, signals: tuple[str, ...]) -> Outcome:
+    return replace(outcome, signals=outcome.signals + signals)
 
-    Records not finished before the invocation's safety margin are reported as failures, so
-    SQS delivers them again instead of the whole batch failing on a timeout.
-    """
-    records = event.get("Records") if isinstance(event, dict) else None
-    if not isinstance(records, list):
-        raise ValueError("not an SQS event: no Records list")
-    futures = {}
-    failures: list[str] = []
-    for record in records:
-        message_id = record.get("messageId") if isinstance(record, dict) else None
-        if not isinstance(message_id, str) or not message_id:
-            logger.error("SQS record without messageId ignored")
-            continue
-        futures[_POOL.submit(_process_record, poller, record)] = message_id
-    budget = max(0.0, (remaining_ms() - poller.s.safety_margin_ms) / 1000)
-    done, not_done = wait(futures, timeout=budget)
-    for future in not_done:
-        logger.warning("record not finished before the timeout margin; SQS will retry it",
-                       extra={"message_id": futures[future]})
-        failures.append(futures[future])
-    reads = 0
-    for future in done:
-        outcome: Outcome = future.result()
-        OUTCOME_TOTALS[outcome.name] += 1
-        reads += outcome.reads
-        metrics.add_metric(name=f"Outcome_{outcome.name}", unit=MetricUnit.Count, value=1)
-        if outcome.status and outcome.name == "terminal":
-            metrics.add_metric(name=f"Terminal_{outcome.status}", unit=MetricUnit.Count, value=1)
-        if outcome.name == "contention":
-            metrics.add_metric(name="LeaseContention", unit=MetricUnit.Count, value=1)
-        if outcome.delay is not None:
-            metrics.add_metric(name="RequeueDelay", unit=MetricUnit.Seconds, value=outcome.delay)
-        if outcome.failed:
-            failures.append(futures[future])
-    metrics.add_metric(name="SumeReads", unit=MetricUnit.Count, value=reads)
-    metrics.add_metric(name="Polls", unit=MetricUnit.Count, value=len(done))
-    if failures:
-        metrics.add_metric(name="BatchItemFailures", unit=MetricUnit.Count, value=len(failures))
-    return {"batchItemFailures": [{"itemIdentifier": mid} for mid in failures]}
+
+def _counted(outcome: Outcome, status_reads: int = 0, result_reads: int = 0) -> Outcome:
+    return replace(outcome, status_reads=outcome.status_reads + status_reads,
+                   result_reads=outcome.result_reads + result_reads)
+
+
+def completion_interval(record: dict[str, Any]) -> tuple[float, float | None] | None:
+    """(lower, upper) ages in seconds between which the job finished, from its record: after
+    the last read that saw it running, at or before the first that saw it terminal (upper None:
+    never seen terminal, e.g. timed out). None when the record says nothing useful."""
+    submitted = record.get("submitted_at")
+    if not isinstance(submitted, int | float):
+        return None
+    running, terminal = record.get("seen_running_at"), record.get("seen_terminal_at")
+    lower = max(0.0, float(running) - submitted) if isinstance(running, int | float) else 0.0
+    if isinstance(terminal, int | float):
+        return lower, max(lower, float(terminal) - submitted)
+    if record.get("status") == "timed_out" and isinstance(running, int | float):
+        return lower, None
+    return None
+

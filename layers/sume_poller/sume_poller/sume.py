@@ -1,18 +1,22 @@
 """Sume HTTP client on urllib3: one pooled manager per container, typed outcomes.
 
-Every call returns an outcome instead of raising, so the poll path can decide per job:
+Every call returns an outcome instead of raising, so the caller decides per job:
 
 * :class:`Pending`   - not terminal yet (maybe with Sume's ``next_poll_after_seconds``);
-* :class:`Terminal`  - terminal (by ``terminal: true`` or a terminal status);
-* :class:`Retryable` - a transient fault (timeout, 429, 5xx, garbage body), with the delay
-  Sume asked for via ``Retry-After`` when it sent one;
-* :class:`Fatal`     - retrying cannot help: ``scope="key"`` (401/403: the API key is bad),
-  ``scope="job"`` (404/400: this job id), ``scope="submission"`` (402: no credits).
+* :class:`Terminal`  - terminal, by its status or by ``terminal: true`` (``terminal: false``
+  never overrides a terminal status);
+* :class:`Result`    - a completed job's result: any JSON value (its shape varies by job type);
+* :class:`Listing`   - one page of ``GET /jobs``;
+* :class:`Retryable` - a transient fault (timeout, 408/409/425/429, 5xx, a garbage body), with
+  Sume's ``Retry-After`` when it sent one;
+* :class:`Refused`   - Sume said no: ``why`` is "key" (401: the key), "forbidden" (403: this
+  job's workspace, or the key's - the caller checks which), "not_found" (404), "credits"
+  (402) or "request" (another 4xx).
 
-At most one in-process retry, and only for connect errors (urllib3 ``Retry``), where no request
-reached Sume; read timeouts and statuses are never retried in-process: a 429/503 becomes the
-re-queue delay instead.
-The API key is never logged; neither are result URLs or payloads.
+Every outcome carries the reply's rate-limit headers (:class:`~sume_poller.budget.RateInfo`).
+Each call is bounded by a total time (the caller's budget for it); urllib3 retries once, and
+only connect errors, where no request reached Sume. The API key is never logged; neither are
+result URLs or payloads.
 """
 
 from __future__ import annotations
@@ -24,16 +28,20 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.util import Retry, Timeout
 
+from .budget import RateInfo
 from .jobs import CREATE_PATHS, State, canonical_terminal_status, classify_status
 
-MAX_RETRY_AFTER = 3600.0
-_MAX_BODY = 1_000_000
+MAX_RETRY_AFTER = 86_400.0
+#: Status and list replies above this are garbage; results may be much larger.
+MAX_BODY = 1_000_000
+MAX_RESULT_BODY = 50_000_000
+_NO_RATE = RateInfo()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +50,7 @@ class Pending:
     next_poll_after: float | None = None
     unknown_status: bool = False
     request_id: str | None = None
+    rate: RateInfo = _NO_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,23 @@ class Terminal:
     error: dict[str, str] | None = None
     request_id: str | None = None
     next_poll_after: float | None = None
+    rate: RateInfo = _NO_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    payload: Any = field(repr=False)
+    request_id: str | None = None
+    rate: RateInfo = _NO_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: tuple[dict[str, Any], ...]
+    #: The reply's cursor field, when it has one (None: last page, or no cursor field at all).
+    next_cursor: str | None
+    has_cursor: bool
+    rate: RateInfo = _NO_RATE
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,38 +86,38 @@ class Retryable:
     retry_after: float | None = None
     http_status: int | None = None
     request_id: str | None = None
+    rate: RateInfo = _NO_RATE
 
 
 @dataclass(frozen=True, slots=True)
-class Fatal:
-    reason: str
-    scope: str  # "key" | "job" | "submission"
-    http_status: int | None = None
+class Refused:
+    why: str  # "key" | "forbidden" | "not_found" | "credits" | "request"
+    http_status: int
     code: str | None = None
     message: str | None = None
     request_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    payload: dict[str, Any]
-    request_id: str | None = None
+    rate: RateInfo = _NO_RATE
 
 
 @dataclass(frozen=True, slots=True)
 class Created:
     job_ids: tuple[str, ...]
     request_id: str | None = None
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: Sume answered a repeated Idempotency-Key with the original job (nothing new was billed).
+    replayed: bool = False
+    rate: RateInfo = _NO_RATE
 
 
-StatusOutcome = Pending | Terminal | Retryable | Fatal
-ResultOutcome = Result | Retryable | Fatal
-CreateOutcome = Created | Retryable | Fatal
+StatusOutcome = Pending | Terminal | Retryable | Refused
+ResultOutcome = Result | Retryable | Refused
+ListOutcome = Listing | Retryable | Refused
+CreateOutcome = Created | Retryable | Refused
+
+_REFUSALS = {401: "key", 402: "credits", 403: "forbidden", 404: "not_found"}
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP date), capped at an hour."""
+    """Seconds from a ``Retry-After`` header (delta-seconds or HTTP date), capped at a day."""
     if not value:
         return None
     value = value.strip()
@@ -108,6 +134,30 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _int_header(headers: Mapping[str, str], name: str) -> int | None:
+    try:
+        value = int(float(headers.get(name, "")))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if value >= 0 else None
+
+
+def parse_rate(headers: Mapping[str, str]) -> RateInfo:
+    """``RateLimit-Limit``/``-Remaining``/``-Reset``, ``RateLimit-Policy`` (``120;w=60, ...``)
+    and ``Retry-After``; anything unparseable is left out."""
+    policy: list[tuple[int, int]] = []
+    for part in (headers.get("RateLimit-Policy") or "").split(","):
+        limit, _, rest = part.strip().partition(";")
+        window = rest.strip().removeprefix("w=") if rest.strip().startswith("w=") else ""
+        if limit.strip().isdigit() and window.isdigit():
+            policy.append((int(window), int(limit)))
+    reset = _int_header(headers, "RateLimit-Reset")
+    return RateInfo(limit=_int_header(headers, "RateLimit-Limit"),
+                    remaining=_int_header(headers, "RateLimit-Remaining"),
+                    reset=None if reset is None else float(reset), policy=tuple(policy),
+                    retry_after=parse_retry_after(headers.get("Retry-After")))
 
 
 def _error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
@@ -133,40 +183,36 @@ def _number(value: Any) -> float | None:
     return f if math.isfinite(f) and f >= 0 else None
 
 
-def interpret_status(body: Any, request_id: str | None = None) -> StatusOutcome:
+def interpret_status(body: Any, request_id: str | None = None, rate: RateInfo = _NO_RATE) -> StatusOutcome:
     """Turn a 200 reply of ``GET /jobs/{id}`` into an outcome (pure; unit-tested)."""
     if not isinstance(body, dict):
-        return Retryable("malformed_body", request_id=request_id)
+        return Retryable("malformed_body", http_status=200, request_id=request_id, rate=rate)
     inner = body.get("job")
     job: dict[str, Any] = inner if isinstance(inner, dict) else body
     status = job.get("status")
     if not isinstance(status, str) or not status.strip():
-        return Retryable("missing_status", request_id=request_id)
+        return Retryable("missing_status", http_status=200, request_id=request_id, rate=rate)
     status = status.strip().lower()[:64]
 
     def hint(name: str) -> Any:
         return job[name] if name in job else body.get(name)
 
-    terminal_flag = hint("terminal")
     result_ready = hint("result_ready")
     next_poll = _number(hint("next_poll_after_seconds"))
     state = classify_status(status)
-    # An explicit ``terminal`` flag wins; without it the status decides.
-    terminal = terminal_flag if isinstance(terminal_flag, bool) else state in (State.SUCCEEDED, State.FAILED)
+    # A terminal status is terminal whatever the flag says; ``terminal: true`` also ends a job
+    # whose status this project does not know.
+    terminal = state in (State.SUCCEEDED, State.FAILED) or hint("terminal") is True
     if not terminal:
-        return Pending(status, next_poll, unknown_status=state is State.UNKNOWN, request_id=request_id)
-    succeeded = state is State.SUCCEEDED or (state is State.UNKNOWN and result_ready is True)
+        return Pending(status, next_poll, state is State.UNKNOWN, request_id, rate)
+    succeeded = state is State.SUCCEEDED or (state is not State.FAILED and result_ready is True)
     canonical = canonical_terminal_status(status, succeeded)
     error = None
     raw_error = job.get("error")
     if canonical != "completed" and isinstance(raw_error, dict):
-        error = {
-            k: str(raw_error[k])[:300]
-            for k in ("code", "message")
-            if isinstance(raw_error.get(k), str | int)
-        }
+        error = {k: str(raw_error[k])[:300] for k in ("code", "message") if isinstance(raw_error.get(k), str | int)}
     ready = canonical == "completed" and (result_ready if isinstance(result_ready, bool) else True)
-    return Terminal(canonical, status, ready, error or None, request_id, next_poll)
+    return Terminal(canonical, status, ready, error or None, request_id, next_poll, rate)
 
 
 def extract_job_ids(body: Any) -> tuple[str, ...]:
@@ -191,118 +237,134 @@ def extract_job_ids(body: Any) -> tuple[str, ...]:
     return tuple(seen)
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int | None  # None: no reply (transport failure)
+    body: Any
+    headers: Mapping[str, str]
+    error: str | None = None
+
+    @property
+    def request_id(self) -> str | None:
+        rid = self.body.get("request_id") if isinstance(self.body, dict) else None
+        return rid if isinstance(rid, str) else self.headers.get("X-Request-Id")
+
+
 class SumeClient:
     """A thread-safe Sume client; build one per container and reuse it."""
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: Callable[[], str],
-        *,
-        connect_timeout: float = 3.0,
-        read_timeout: float = 10.0,
-        pool_size: int = 16,
-        on_auth_failure: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, api_key: Callable[[], str], *, connect_timeout: float = 3.0,
+                 read_timeout: float = 10.0, pool_size: int = 16,
+                 on_key_rejected: Callable[[], None] | None = None) -> None:
         self._base = base_url.rstrip("/")
         self._api_key = api_key
-        self._on_auth_failure = on_auth_failure
+        self._on_key_rejected = on_key_rejected
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
         self._http = urllib3.PoolManager(
-            num_pools=4,
-            maxsize=pool_size,
-            block=False,
-            timeout=Timeout(connect=connect_timeout, read=read_timeout),
+            num_pools=4, maxsize=pool_size, block=False,
             # One in-process retry, and only where no request reached Sume (connect errors):
-            # a read timeout or a status is never retried here, so one message = one Sume read.
-            retries=Retry(total=1, connect=1, read=0, status=0, other=0, redirect=0,
-                          backoff_factor=0.1, raise_on_status=False),
-            headers={"Accept": "application/json", "User-Agent": "sume-poller/0.1"},
+            # a read timeout or a status is never retried here, so one call = one Sume read.
+            retries=Retry(total=1, connect=1, read=0, status=0, other=0, redirect=0, raise_on_status=False),
+            headers={"Accept": "application/json", "User-Agent": "sume-poller/2"},
         )
 
-    # -- transport -----------------------------------------------------------------------
-    def _request(
-        self, method: str, path: str, body: Mapping[str, Any] | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int | None, Any, Mapping[str, str], str | None]:
-        """(http status or None on transport failure, parsed JSON or a sentinel, headers, error)."""
-        hdrs = {"Authorization": f"Bearer {self._api_key()}"}
-        if headers:
-            hdrs.update(headers)
+    # -- transport ------------------------------------------------------------------------------
+    def _timeout(self, budget: float | None) -> Timeout:
+        if budget is None:
+            return Timeout(connect=self.connect_timeout, read=self.read_timeout)
+        budget = max(0.05, budget)
+        return Timeout(total=budget, connect=min(self.connect_timeout, budget), read=min(self.read_timeout, budget))
+
+    def _request(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None, limit: int = MAX_BODY) -> _Reply:
+        hdrs = {"Authorization": f"Bearer {self._api_key()}", **(headers or {})}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             hdrs["Content-Type"] = "application/json"
         try:
             resp = self._http.request(method, self._base + path, body=payload, headers=hdrs,
-                                      preload_content=False)
+                                      preload_content=False, timeout=self._timeout(budget))
         except Urllib3Error as exc:
-            reason = type(getattr(exc, "reason", None) or exc).__name__
-            return None, None, {}, reason
+            return _Reply(None, None, {}, type(getattr(exc, "reason", None) or exc).__name__)
         try:
-            raw = resp.read(_MAX_BODY + 1)
+            raw = resp.read(limit + 1)
         except Urllib3Error as exc:
-            return None, None, {}, type(exc).__name__
+            return _Reply(None, None, {}, type(exc).__name__)
         finally:
             resp.release_conn()
-        if len(raw) > _MAX_BODY:
-            return resp.status, _MALFORMED, resp.headers, None
+        if len(raw) > limit:
+            return _Reply(resp.status, _MALFORMED, resp.headers)
         try:
             parsed = json.loads(raw) if raw else _MALFORMED
         except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             parsed = _MALFORMED
-        return resp.status, parsed, resp.headers, None
+        return _Reply(resp.status, parsed, resp.headers)
 
-    def _failure(self, status: int, body: Any, headers: Mapping[str, str]) -> Retryable | Fatal:
-        code, message, request_id = _error_fields(body)
-        request_id = request_id or headers.get("X-Request-Id")
-        if status in (401, 403):
-            if self._on_auth_failure:
-                self._on_auth_failure()
-            return Fatal(code or "unauthorized", "key", status, code, message, request_id)
-        if status == 402:
-            return Fatal(code or "insufficient_credits", "submission", status, code, message, request_id)
+    def _failure(self, reply: _Reply) -> Retryable | Refused:
+        rate = parse_rate(reply.headers)
+        if reply.status is None:
+            return Retryable(f"transport:{reply.error}")
+        code, message, request_id = _error_fields(reply.body)
+        request_id = request_id or reply.headers.get("X-Request-Id")
+        status = reply.status
         if status in (408, 409, 425, 429) or status >= 500:
-            return Retryable(code or f"http_{status}", parse_retry_after(headers.get("Retry-After")),
-                             status, request_id)
-        return Fatal(code or f"http_{status}", "job", status, code, message, request_id)
+            return Retryable(code or f"http_{status}", rate.retry_after, status, request_id, rate)
+        if status == 401 and self._on_key_rejected:
+            self._on_key_rejected()
+        return Refused(_REFUSALS.get(status, "request"), status, code, message, request_id, rate)
 
-    # -- API -----------------------------------------------------------------------------
-    def get_status(self, job_id: str) -> StatusOutcome:
-        status, body, headers, err = self._request("GET", f"/jobs/{quote(job_id, safe='')}")
-        if status is None:
-            return Retryable(f"transport:{err}")
-        if status != 200:
-            return self._failure(status, body, headers)
-        if body is _MALFORMED:
-            return Retryable("malformed_body", http_status=200, request_id=headers.get("X-Request-Id"))
-        rid = body.get("request_id") if isinstance(body, dict) else None
-        return interpret_status(body, rid if isinstance(rid, str) else headers.get("X-Request-Id"))
+    # -- API ------------------------------------------------------------------------------------
+    def get_status(self, job_id: str, budget: float | None = None) -> StatusOutcome:
+        """``GET /jobs/{id}``; ``budget``: real seconds this call may take in all."""
+        reply = self._request("GET", f"/jobs/{quote(job_id, safe='')}", budget=budget)
+        if reply.status != 200:
+            return self._failure(reply)
+        return interpret_status(reply.body, reply.request_id, parse_rate(reply.headers))
 
-    def get_result(self, job_id: str) -> ResultOutcome:
-        status, body, headers, err = self._request("GET", f"/jobs/{quote(job_id, safe='')}/result")
-        if status is None:
-            return Retryable(f"transport:{err}")
-        if status != 200:
-            return self._failure(status, body, headers)
-        if not isinstance(body, dict):
-            return Retryable("malformed_body", http_status=200)
-        rid = body.get("request_id")
-        return Result(body, rid if isinstance(rid, str) else headers.get("X-Request-Id"))
+    def get_result(self, job_id: str, budget: float | None = None) -> ResultOutcome:
+        """``GET /jobs/{id}/result``: any JSON value is a result."""
+        reply = self._request("GET", f"/jobs/{quote(job_id, safe='')}/result", budget=budget, limit=MAX_RESULT_BODY)
+        if reply.status != 200:
+            return self._failure(reply)
+        if reply.body is _MALFORMED:
+            return Retryable("malformed_body", http_status=200, request_id=reply.request_id,
+                             rate=parse_rate(reply.headers))
+        return Result(reply.body, reply.request_id, parse_rate(reply.headers))
 
-    def create(self, kind: str, params: Mapping[str, Any], idempotency_key: str) -> CreateOutcome:
+    def list_jobs(self, *, limit: int, cursor: str | None = None, type_: str | None = None,
+                  status: str | None = None, budget: float | None = None) -> ListOutcome:
+        """``GET /jobs`` with the given filters: one page."""
+        query = {k: v for k, v in (("limit", str(limit)), ("cursor", cursor), ("type", type_),
+                                   ("status", status)) if v is not None}
+        reply = self._request("GET", "/jobs?" + urlencode(query), budget=budget)
+        if reply.status != 200:
+            return self._failure(reply)
+        body = reply.body
+        items = body.get("jobs", body.get("data")) if isinstance(body, dict) else None
+        if not isinstance(items, list):
+            return Retryable("malformed_body", http_status=200, rate=parse_rate(reply.headers))
+        cursor_fields = [f for f in ("next_cursor", "cursor", "next") if isinstance(body, dict) and f in body]
+        raw_cursor = body.get(cursor_fields[0]) if cursor_fields else None
+        return Listing(tuple(i for i in items if isinstance(i, dict)),
+                       raw_cursor if isinstance(raw_cursor, str) and raw_cursor else None,
+                       bool(cursor_fields), parse_rate(reply.headers))
+
+    def create(self, kind: str, params: Mapping[str, Any], idempotency_key: str,
+               budget: float | None = None) -> CreateOutcome:
         """Start a paid job. Always sends ``Idempotency-Key``; retry only with the same key."""
-        path = CREATE_PATHS[kind]
-        status, body, headers, err = self._request(
-            "POST", path, body=params, headers={"Idempotency-Key": idempotency_key})
-        if status is None:
-            return Retryable(f"transport:{err}")  # outcome unknown: the caller retries with the key
-        if status not in (200, 201, 202):
-            return self._failure(status, body, headers)
-        ids = extract_job_ids(body)
+        reply = self._request("POST", CREATE_PATHS[kind], body=params, budget=budget,
+                              headers={"Idempotency-Key": idempotency_key})
+        if reply.status is None:
+            return Retryable(f"transport:{reply.error}")  # outcome unknown: retry with the same key
+        if reply.status not in (200, 201, 202):
+            return self._failure(reply)
+        ids = extract_job_ids(reply.body)
         if not ids:
-            return Retryable("create_reply_without_job_id", http_status=status)
-        rid = body.get("request_id") if isinstance(body, dict) else None
-        return Created(ids, rid if isinstance(rid, str) else headers.get("X-Request-Id"), body)
+            return Retryable("create_reply_without_job_id", http_status=reply.status)
+        replayed = str(reply.headers.get("Idempotent-Replayed", "")).lower() == "true"
+        return Created(ids, reply.request_id, replayed, parse_rate(reply.headers))
 
 
 class _Malformed:

@@ -1,0 +1,136 @@
+"""The SQS batch adapter of the poll function: a batch's records, concurrently, in one invocation.
+
+Each record is parsed (a malformed body fails alone and reaches the dead-letter queue as
+poison) and handed to :meth:`Poller.process` on a worker thread, all under one deadline (the
+invocation's remaining time less a safety margin). The handler waits for every record - every
+call a record makes is bounded by that deadline or by its client's timeouts - so nothing runs
+after it returns. The chains' next messages are then sent together in ``SendMessageBatch``
+calls of ten; a message SQS does not take frees its lease and fails its record, so SQS delivers
+the record again. The result is a partial batch response plus a :class:`BatchReport`; metrics
+are emitted from it here, on the handler's thread (Powertools' Metrics is not thread-safe).
+
+Why not Powertools' batch utilities: ``BatchProcessor`` handles records one at a time (a batch
+of ten takes ten Sume round trips; the bench measures 9-10x one read against this adapter's
+~1.1x), and ``AsyncBatchProcessor`` needs async I/O where redis-py and urllib3 here are
+synchronous (wrapping them in threads gives this adapter back, without the shared deadline, the
+grouped re-queues or the per-record outcomes). Records are typed with Powertools' SQS event
+data classes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQSRecord
+
+from .messages import MessageError, parse_message
+from .observability import MetricUnit, logger, metrics
+from .poller import Deadline, Outcome, Poller
+from .queue import Outgoing, PollQueue
+
+WORKERS = 10
+
+
+@dataclass
+class BatchReport:
+    """What one batch did: the records SQS must deliver again, and every record's outcome."""
+
+    failures: list[str] = field(default_factory=list)
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def response(self) -> dict[str, Any]:
+        return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failures]}
+
+    def counts(self) -> Counter[str]:
+        return Counter(o.name for o in self.outcomes)
+
+
+class BatchRunner:
+    def __init__(self, poller: Poller, queue: PollQueue, *, safety_margin_ms: int, workers: int = WORKERS) -> None:
+        self.poller = poller
+        self.queue = queue
+        self.safety_margin_ms = safety_margin_ms
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:  # created on the first batch, not at import (cold start)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="poll")
+            return self._pool
+
+    def run(self, event: dict[str, Any], remaining_ms: Callable[[], int]) -> BatchReport:
+        if not isinstance(event, dict) or not isinstance(event.get("Records"), list):
+            raise ValueError("not an SQS event: no Records list")
+        deadline = Deadline((remaining_ms() - self.safety_margin_ms) / 1000)
+        report = BatchReport()
+        futures = {}
+        for record in SQSEvent(event).records:
+            message_id = record.message_id if isinstance(record.raw_event, dict) else None
+            if not isinstance(message_id, str) or not message_id:
+                logger.error("SQS record without a messageId ignored")
+                continue
+            futures[message_id] = self._executor().submit(self._one, record, deadline)
+        outcomes = {mid: future.result() for mid, future in futures.items()}
+        self._send(outcomes)
+        for mid, outcome in outcomes.items():
+            report.outcomes.append(outcome)
+            if outcome.failed:
+                report.failures.append(mid)
+        return report
+
+    def _one(self, record: SQSRecord, deadline: Deadline) -> Outcome:
+        try:
+            msg = parse_message(record.body)
+        except MessageError as exc:
+            logger.error("malformed poll message", extra={"message_id": record.message_id, "reason": str(exc)})
+            return Outcome("malformed", failed=True)
+        logger.thread_safe_append_keys(job_id=msg.job_id, correlation_id=msg.job_id)
+        try:
+            return self.poller.process(msg, deadline)
+        except Exception as exc:
+            logger.exception("poll failed; SQS will deliver the message again",
+                             extra={"message_id": record.message_id, "error": type(exc).__name__})
+            return Outcome("error", failed=True)
+        finally:
+            logger.thread_safe_clear_keys()
+
+    def _send(self, outcomes: dict[str, Outcome]) -> None:
+        """Send every chain's next message together; a message not sent fails its record."""
+        outgoing = {mid: o.send for mid, o in outcomes.items() if o.send is not None}
+        unsent = self.queue.send(Outgoing(mid, m.body, m.delay) for mid, m in outgoing.items())
+        for mid, message in outgoing.items():
+            outcome = outcomes[mid]
+            if mid not in unsent:
+                if self.poller.step_hook is not None:
+                    self.poller.step_hook("sent", message.key)
+                continue
+            logger.error("next poll message not sent; SQS will deliver this one again",
+                         extra={"message_id": mid, "job_id": message.key})
+            if outcome.undo is not None:
+                outcome.undo()
+            outcomes[mid] = replace(outcome, send=None, failed=True, signals=(*outcome.signals, "RequeueFailed"))
+
+
+def emit_metrics(report: BatchReport) -> None:
+    """One batch's metrics (on the handler's thread)."""
+    for name, count in report.counts().items():
+        metrics.add_metric(name=f"Outcome_{name}", unit=MetricUnit.Count, value=count)
+    signals = Counter(s for o in report.outcomes for s in o.signals)
+    for name, count in signals.items():
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=count)
+    terminal = Counter(o.status for o in report.outcomes if o.name == "terminal" and o.status)
+    for status, count in terminal.items():
+        metrics.add_metric(name=f"Terminal_{status}", unit=MetricUnit.Count, value=count)
+    for name, reads in (("SumeStatusReads", sum(o.status_reads for o in report.outcomes)),
+                        ("SumeResultReads", sum(o.result_reads for o in report.outcomes))):
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=reads)
+    metrics.add_metric(name="LeaseContention", unit=MetricUnit.Count, value=report.counts()["contention"])
+    if report.failures:
+        metrics.add_metric(name="BatchItemFailures", unit=MetricUnit.Count, value=len(report.failures))
