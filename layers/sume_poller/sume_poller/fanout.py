@@ -1,155 +1,228 @@
-"""Fan-out: every pending job without a live lease goes to the poll queue.
+"""Fan-out: start a chain for every pending job that has none, within the read budget.
 
-Reads the sparse ``pending`` index shard by shard, page by page; per page one pipelined Redis
-round trip says which jobs hold a live lease (and whether Sume auth is paused); the rest are
-sent in full batches of 10 per ``SendMessageBatch`` (across pages and shards), on a few sender
-threads so sends overlap the next page's reads; failed entries are retried. It stops cleanly
-before its own timeout, and sends nothing when Redis cannot be reached (a live chain might exist).
+Each scheduled tick:
+
+1. the outbox partitions first: terminal jobs whose outbox is unfinished (say their message
+   reached the dead-letter queue) get a message; the poll function finishes them without a
+   Sume read;
+2. then the pending partitions, from the cursor the last tick left in Redis, so under a backlog
+   every partition is served in turn. Per page, one pipelined round trip tries to *start* a
+   chain for each job (a free lease becomes the new chain's ``token:0``; a held lease means a
+   chain is alive); started jobs get their first message, due now. A job whose chain runs
+   without a lease (Redis was down: ``chain_due_at`` is ahead) is left to it;
+3. it starts no more chains than the read budget can serve before the next tick, and stops
+   cleanly before its own timeout.
+
+While Redis is down it starts no chain (it cannot tell which jobs have one) but still sends
+the outbox jobs. Every tick counts the pending jobs for the budget (the max-gap backstop of
+the schedule's ordering and the sweeps' cost rule use it).
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import contextlib
+import json
+import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from .aws import JobStore, PollQueue
-from .config import Settings
-from .jobs import KINDS, InvalidJobId, all_shards, validate_job_id
-from .lease import LeaseStore
+from .budget import Budget
+from .clock import Clock
+from .jobs import KINDS, InvalidJobId, validate_job_id
+from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
+from .queue import Outgoing, PollQueue
+from .settings import FanOutSettings
+from .store import JobStore
 
 PAGE_SIZE = 100
-BATCH_RETRIES = 3
-SENDERS = 4
 
 
 @dataclass
-class FanoutReport:
+class FanOutReport:
     pages: int = 0
-    pending_seen: int = 0
+    outbox_sent: int = 0
+    started: int = 0
     leased: int = 0
-    sent: int = 0
-    send_failed: int = 0
-    batches: int = 0
+    skipped_unleased_chain: int = 0
     skipped_invalid: int = 0
+    send_failed: int = 0
+    allowance: float = 0.0
+    pending_counted: int | None = None
+    round_complete: bool = False
     stopped_early: bool = False
     redis_unavailable: bool = False
-    auth_paused: bool = False
-    shards_done: list[str] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count_send(self, sent: int, failed: int, batches: int) -> None:
-        with self._lock:
-            self.sent += sent
-            self.send_failed += failed
-            self.batches += batches
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        unlimited = isinstance(self.allowance, float) and math.isinf(self.allowance)
+        return {**asdict(self), "allowance": "unlimited" if unlimited else round(self.allowance, 1)}
 
 
-def run_fanout(settings: Settings, store: JobStore, queue: PollQueue, lease: LeaseStore,
-               remaining_ms: Callable[[], int], *, page_size: int = PAGE_SIZE,
-               sleep: Callable[[float], None] = time.sleep) -> FanoutReport:
-    report = FanoutReport()
-    with ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="fanout-send") as senders:
-        _scan(settings, store, queue, lease, remaining_ms, page_size, sleep, report, senders)
-    return report  # the pool's exit waited for every send
+@dataclass
+class Cursor:
+    """Where the last tick stopped in the pending partitions, kept in Redis between ticks."""
+
+    shard: int = 0
+    key: dict[str, Any] | None = None
 
 
-def _scan(settings: Settings, store: JobStore, queue: PollQueue, lease: LeaseStore,
-          remaining_ms: Callable[[], int], page_size: int, sleep: Callable[[float], None],
-          report: FanoutReport, senders: ThreadPoolExecutor) -> None:
-    now = time.time()
-    ready: list[dict[str, Any]] = []  # unleased jobs not sent yet: sent in full batches of 10
+class FanOut:
+    def __init__(self, settings: FanOutSettings, store: JobStore, queue: PollQueue, lease: LeaseStore,
+                 budget: Budget, remaining_ms: Callable[[], int], page_size: int = PAGE_SIZE) -> None:
+        self.s = settings
+        self.clock: Clock = settings.common.clock
+        self.store = store
+        self.queue = queue
+        self.lease = lease
+        self.budget = budget
+        self.remaining_ms = remaining_ms
+        self.page_size = page_size
+        self.cursor_key = f"{lease.prefix}!fanout-cursor"
+        self.report = FanOutReport()
 
-    def flush(all_of_it: bool) -> None:
-        while len(ready) >= 10 or (all_of_it and ready):
-            group, ready[:] = ready[:10], ready[10:]
-            senders.submit(_send, queue, group, now, report, remaining_ms, settings, sleep)
-
-    for shard in all_shards(settings.pending_shards):
-        start_key: dict[str, Any] | None = None
-        while True:
-            if remaining_ms() < settings.safety_margin_ms:
-                report.stopped_early = True
-                flush(all_of_it=True)
-                logger.warning("fan-out stopping before its timeout", extra=report.as_dict())
-                return
-            items, start_key = store.pending_page(shard, start_key, page_size)
-            report.pages += 1
-            jobs = _valid(items, report)
-            report.pending_seen += len(jobs)
-            if jobs:
-                try:
-                    paused, live = lease.live([j["job_id"] for j in jobs])
-                except RedisError as exc:
-                    report.redis_unavailable = True
-                    logger.error("Redis unavailable: fan-out sends nothing more this run",
-                                 extra={"error": type(exc).__name__})
-                    return
-                if paused:
-                    report.auth_paused = True
-                    logger.error("Sume rejected the API key recently: fan-out paused")
-                    return
-                free = [j for j, held in zip(jobs, live, strict=True) if not held]
-                report.leased += len(jobs) - len(free)
-                ready.extend(free)
-                flush(all_of_it=False)
-            if not start_key:
-                break
-        report.shards_done.append(shard)
-    flush(all_of_it=True)
-
-
-def _valid(items: list[dict[str, Any]], report: FanoutReport) -> list[dict[str, Any]]:
-    jobs = []
-    for item in items:
+    def run(self) -> FanOutReport:
+        self._outbox()
+        self._count()
         try:
-            validate_job_id(item.get("job_id"))
-        except InvalidJobId as exc:
-            report.skipped_invalid += 1
-            logger.error("pending record with an invalid job id skipped", extra={"reason": str(exc)})
-            continue
-        if item.get("kind") not in KINDS or not isinstance(item.get("deadline_at"), int):
-            report.skipped_invalid += 1
-            logger.error("pending record without kind/deadline skipped",
-                         extra={"job_id": item.get("job_id")})
-            continue
-        jobs.append(item)
-    return jobs
+            self.report.allowance = self._allowance()
+            cursor = self._load_cursor()
+        except RedisError as exc:
+            self.report.redis_unavailable = True
+            logger.error("Redis unavailable: fan-out starts no chain this tick", extra={"error": type(exc).__name__})
+            return self.report
+        self._pending(cursor)
+        return self.report
 
+    def _count(self) -> None:
+        """Pending jobs, for the budget's max-gap backstop and the sweeps' cost rule (one COUNT
+        query per partition, whatever the start allowance)."""
+        self.report.pending_counted = sum(self.store.count(f"p{i:02d}") for i in range(self.s.jobs.pending_shards))
+        with contextlib.suppress(RedisError):
+            self.budget.set_pending(self.report.pending_counted)
 
-def _send(queue: PollQueue, group: list[dict[str, Any]], now: float, report: FanoutReport,
-          remaining_ms: Callable[[], int], settings: Settings, sleep: Callable[[float], None]) -> None:
-    """Send one batch (<= 10), retrying the entries SQS did not accept."""
-    entries = {
-        str(i): PollMessage(job_id=j["job_id"], kind=j["kind"], deadline_at=j["deadline_at"],
-                            due_at=round(now, 3)).to_json()
-        for i, j in enumerate(group)
-    }
-    sent = batches = 0
-    for attempt in range(BATCH_RETRIES + 1):
-        if attempt:
-            sleep(0.1 * 2**attempt)
-        batches += 1
+    # -- budget and cursor -------------------------------------------------------------------------
+    def _allowance(self) -> float:
+        """Chains the read budget can serve before the next tick: its rate times what is left of
+        the period once the reads already reserved are served."""
+        if self.budget.unlimited:
+            return math.inf
+        next_slot = self.budget.take(mode="peek")  # reads already reserved, pauses, the burst left
+        if next_slot.key_paused:
+            return 0.0
+        return max(0.0, self.budget.rate * (self.s.period - next_slot.wait))
+
+    def _load_cursor(self) -> Cursor:
+        raw = self.lease.client.get(self.cursor_key)
+        if not raw:
+            return Cursor()
         try:
-            failed = queue.send_batch([(i, body, 0) for i, body in entries.items()])
-        except Exception as exc:  # the whole call failed: retry all of it
-            logger.warning("SendMessageBatch failed", extra={"error": type(exc).__name__})
-            failed = list(entries)
-        sent += len(entries) - len(failed)
-        entries = {i: entries[i] for i in failed}
-        if not entries or remaining_ms() < settings.safety_margin_ms:
-            break
-    report.count_send(sent, len(entries), batches)
-    if entries:
-        logger.error("poll messages not sent; the next fan-out run retries them",
-                     extra={"count": len(entries)})
+            data = json.loads(raw)
+            return Cursor(int(data["shard"]) % self.s.jobs.pending_shards, data.get("key"))
+        except (ValueError, KeyError, TypeError):
+            logger.warning("fan-out cursor unreadable; starting a new round")
+            return Cursor()
+
+    def _save_cursor(self, cursor: Cursor) -> None:
+        try:
+            self.lease.client.set(self.cursor_key, json.dumps(asdict(cursor)), ex=7 * 86_400)
+        except RedisError as exc:
+            logger.warning("fan-out cursor not saved", extra={"error": type(exc).__name__})
+
+    # -- the partitions ----------------------------------------------------------------------------
+    def _out_of_time(self) -> bool:
+        if self.remaining_ms() < self.s.safety_margin_ms:
+            self.report.stopped_early = True
+            return True
+        return False
+
+    def _outbox(self) -> None:
+        for shard in range(self.s.jobs.pending_shards):
+            start: dict[str, Any] | None = None
+            while not self._out_of_time():
+                items, start = self.store.pending_page(f"o{shard:02d}", start, self.page_size)
+                self.report.pages += 1
+                # No lease for these: the message finds the lease free, so the poller reads the
+                # record first and finishes the outbox without a Sume read.
+                jobs = self._valid(items)
+                self.report.outbox_sent += self._send([(j, new_token()) for j in jobs], lease=False)
+                if not start:
+                    break
+
+    def _pending(self, cursor: Cursor) -> None:
+        shards = self.s.jobs.pending_shards
+        starts = self.report.allowance if math.isinf(self.report.allowance) else math.floor(self.report.allowance)
+        for _ in range(shards):
+            while True:
+                if self._out_of_time() or self.report.started >= starts:
+                    self._save_cursor(cursor)
+                    return
+                items, last = self.store.pending_page(f"p{cursor.shard:02d}", cursor.key, self.page_size)
+                self.report.pages += 1
+                now = self.clock.now()
+                valid = self._valid(items)
+                jobs = [j for j in valid if float(j.get("chain_due_at") or 0) <= now]
+                self.report.skipped_unleased_chain += len(valid) - len(jobs)
+                room = starts - self.report.started  # at least one start is left here
+                if len(jobs) > room:  # stop inside this page: the next tick resumes after the last one started
+                    jobs = jobs[:int(room)]
+                    self._start_and_send(jobs)
+                    cursor.key = {"pending_shard": {"S": f"p{cursor.shard:02d}"}, "job_id": {"S": jobs[-1]["job_id"]}}
+                    continue
+                self._start_and_send(jobs)
+                cursor.key = last
+                if not last:
+                    break
+            cursor.shard = (cursor.shard + 1) % shards
+            cursor.key = None
+            self.report.round_complete = self.report.round_complete or cursor.shard == 0
+        self._save_cursor(cursor)
+
+    def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
+        """Start a chain for each job whose lease is free (one pipelined round trip) and send its
+        first message; a held lease means the job has a live chain."""
+        if not jobs:
+            return
+        tokens = [new_token() for _ in jobs]
+        taken = self.lease.start_many([(j["job_id"], t) for j, t in zip(jobs, tokens, strict=True)],
+                                      self.s.lease.start_ttl * 1000)
+        starts = [(j, t) for j, t, ok in zip(jobs, tokens, taken, strict=True) if ok]
+        self.report.leased += len(jobs) - len(starts)
+        self.report.started += self._send(starts, lease=True)
+
+    def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
+        now = self.clock.now()
+        messages = {}
+        for job, token in starts:
+            submitted = job.get("submitted_at")
+            msg = PollMessage(job_id=job["job_id"], kind=job["kind"], deadline_at=int(job["deadline_at"]),
+                              due_at=round(now, 3), token=token, seq=0, profile=job.get("profile"),
+                              submitted_at=int(submitted) if isinstance(submitted, int | float) else None)
+            messages[job["job_id"]] = (msg, token)
+        unsent = self.queue.send(Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items())
+        for job_id in unsent if lease else ():  # free the lease: the next tick tries again
+            with contextlib.suppress(RedisError):
+                self.lease.release(job_id, f"{messages[job_id][1]}:0")
+        if unsent:
+            logger.error("poll messages not sent; the next fan-out tick tries again", extra={"count": len(unsent)})
+        self.report.send_failed += len(unsent)
+        return len(messages) - len(unsent)
+
+    def _valid(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        jobs = []
+        for item in items:
+            try:
+                validate_job_id(item.get("job_id"))
+            except InvalidJobId as exc:
+                self.report.skipped_invalid += 1
+                logger.error("indexed record with an invalid job id skipped", extra={"reason": str(exc)})
+                continue
+            if item.get("kind") not in KINDS or not isinstance(item.get("deadline_at"), int):
+                self.report.skipped_invalid += 1
+                logger.error("indexed record without kind/deadline skipped", extra={"job_id": item.get("job_id")})
+                continue
+            jobs.append(item)
+        return jobs

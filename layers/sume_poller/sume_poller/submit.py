@@ -1,35 +1,50 @@
-"""Submit: start a paid Sume job (or register one started elsewhere) and record it as pending.
+"""Submit: start a paid Sume job (or register one started elsewhere), record it, start its chain.
 
-The money path never touches the lease. Every create carries an ``Idempotency-Key`` that is
-stable for the submission (the caller's, or derived from kind + params), so a retry of the
-same event - by this function after a timeout, or by Lambda's own async retry - replays the
-original job instead of billing twice. A 402 is final.
+The money path never depends on the lease. Every create carries an ``Idempotency-Key`` stable
+for the submission (the caller's, or derived from kind + params), so a retry of the same event
+- by this function, or by Lambda's own async retry - replays the original job instead of
+billing twice. A 402 is final. Creates take from the shared create budget; over it, the event
+fails with :class:`CreateBudgetExhausted`, which says when to retry (nothing is queued that
+could bill later without the caller knowing).
+
+A recorded job gets its chain here: submit takes the lease (``token:0``) and sends the first
+poll message, so a fan-out tick during the first delay does not start a second chain.
 
 Event (direct invoke)::
 
     {"kind": "image", "params": {...}, "idempotency_key": "optional-8-255-chars"}
     {"kind": "video", "job_id": "job_abc"}        # register an already submitted job
 
-Reply: ``{"status": "submitted" | "registered" | "rejected", "job_ids": [...], ...}``.
-Invalid input and final Sume refusals are returned as ``rejected`` (retrying cannot help);
-only transient failures raise :class:`SubmitRetryable`, so an async invoke retries them.
+Reply: ``{"status": "submitted" | "registered" | "rejected", "job_ids": [...], "new": [...],
+"replayed": bool, ...}``. ``replayed`` is true when no new job was started: Sume answered with
+the job of an earlier request with the same key (for a derived key: the same kind and params,
+submitted before), or the job was already recorded. Invalid input and final refusals come back
+as ``rejected``; only transient failures raise (:class:`SubmitRetryable`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .aws import JobStore, PollQueue
-from .config import Settings
-from .jobs import KINDS, InvalidJobId, backoff_delay, validate_job_id
+from redis.exceptions import RedisError
+
+from .budget import Budget, Grant, LocalPacer
+from .jobs import KINDS, InvalidJobId, validate_job_id
+from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
-from .sume import Created, Fatal, SumeClient
+from .queue import Outgoing, PollQueue
+from .schedule import Bounds, next_delay, profile_key
+from .settings import SubmitSettings
+from .store import JobStore
+from .sume import Created, Refused, Retryable, SumeClient
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_\-:.]{8,255}$")
 MAX_PARAMS_BYTES = 64_000
@@ -37,7 +52,15 @@ CREATE_ATTEMPTS = 3
 
 
 class SubmitRetryable(RuntimeError):
-    """Sume's answer is unknown or transient; retry the same event (same Idempotency-Key)."""
+    """Sume's answer is unknown or transient: retry the same event (same Idempotency-Key)."""
+
+
+class CreateBudgetExhausted(SubmitRetryable):
+    """The create budget is spent for now; ``retry_after`` says when a create fits again."""
+
+    def __init__(self, retry_after: float) -> None:
+        self.retry_after = retry_after
+        super().__init__(f"the Sume create budget is exhausted: retry the same event in {math.ceil(retry_after)} s")
 
 
 def derive_idempotency_key(kind: str, params: dict[str, Any]) -> str:
@@ -50,88 +73,133 @@ def _rejected(reason: str, **extra: Any) -> dict[str, Any]:
     return {"status": "rejected", "error": reason, "job_ids": [], **extra}
 
 
-def handle_submit(event: Any, settings: Settings, sume: SumeClient, store: JobStore, queue: PollQueue,
-                  remaining_ms: Callable[[], int], sleep: Callable[[float], None] = time.sleep
-                  ) -> dict[str, Any]:
-    if not isinstance(event, dict):
-        return _rejected("event must be a JSON object")
-    kind = event.get("kind")
-    if kind not in KINDS:
-        return _rejected(f"kind must be one of {sorted(KINDS)}")
-    deadline = int(time.time()) + settings.job_max_age_seconds
+class Submitter:
+    def __init__(self, settings: SubmitSettings, *, sume: SumeClient, store: JobStore, queue: PollQueue,
+                 lease: LeaseStore, creates: Budget, pacer: LocalPacer,
+                 models: Callable[[str, str], Any] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.s = settings
+        self.clock = settings.common.clock
+        self.sume = sume
+        self.store = store
+        self.queue = queue
+        self.lease = lease
+        self.creates = creates
+        self.pacer = pacer
+        self.models = models or (lambda profile, kind: None)
+        self.bounds = Bounds(settings.schedule.min_interval, settings.schedule.max_interval,
+                             settings.schedule.age_fraction)
+        self.sleep = sleep
 
-    if "job_id" in event:
+    def handle(self, event: Any, remaining_ms: Callable[[], int]) -> dict[str, Any]:
+        if not isinstance(event, dict):
+            return _rejected("event must be a JSON object")
+        kind = event.get("kind")
+        if kind not in KINDS:
+            return _rejected(f"kind must be one of {sorted(KINDS)}")
+        if "job_id" in event:
+            try:
+                job_id = validate_job_id(event["job_id"])
+            except InvalidJobId as exc:
+                return _rejected(str(exc))
+            new = self._record(job_id, kind, None, {})
+            return {"status": "registered", "job_ids": [job_id], "new": [job_id] if new else [], "replayed": not new}
+        params = event.get("params", {})
+        if not isinstance(params, dict):
+            return _rejected("params must be a JSON object")
         try:
-            job_id = validate_job_id(event["job_id"])
-        except InvalidJobId as exc:
-            return _rejected(str(exc))
-        created = _record(settings, store, queue, job_id, kind, deadline, {})
-        return {"status": "registered", "job_ids": [job_id], "new": [job_id] if created else []}
+            size = len(json.dumps(params))
+        except (TypeError, ValueError):
+            return _rejected("params must be JSON-serialisable")
+        if size > MAX_PARAMS_BYTES:
+            return _rejected(f"params larger than {MAX_PARAMS_BYTES} bytes")
+        key = event.get("idempotency_key") or derive_idempotency_key(kind, params)
+        if not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key):
+            return _rejected("idempotency_key must be 8-255 characters of A-Z a-z 0-9 _ - : .")
+        logger.append_keys(idempotency_key=key)
+        if kind in self.s.webhook_kinds and self.s.webhook_url:
+            params = {**params, "webhook_url": self.s.webhook_url}
+        outcome = self._create(kind, params, key, remaining_ms)
+        if isinstance(outcome, Refused):
+            return _rejected(outcome.code or outcome.why, http_status=outcome.http_status,
+                             request_id=outcome.request_id, idempotency_key=key)
+        return self._submitted(kind, params, key, outcome, derived="idempotency_key" not in event)
 
-    params = event.get("params", {})
-    if not isinstance(params, dict):
-        return _rejected("params must be a JSON object")
-    try:
-        size = len(json.dumps(params))
-    except (TypeError, ValueError):
-        return _rejected("params must be JSON-serialisable")
-    if size > MAX_PARAMS_BYTES:
-        return _rejected(f"params larger than {MAX_PARAMS_BYTES} bytes")
-    key = event.get("idempotency_key") or derive_idempotency_key(kind, params)
-    if not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key):
-        return _rejected("idempotency_key must be 8-255 characters of A-Z a-z 0-9 _ - : .")
-    logger.append_keys(idempotency_key=key)
+    def _create(self, kind: str, params: dict[str, Any], key: str,
+                remaining_ms: Callable[[], int]) -> Created | Refused:
+        """Create with the key, retrying transient faults with the same key while the invocation
+        allows (``Retry-After`` honoured); raise :class:`SubmitRetryable` when it does not."""
+        last: Retryable | None = None
+        for attempt in range(CREATE_ATTEMPTS):
+            self._take_create_slot()
+            budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
+            outcome = self.sume.create(kind, params, key, budget=budget)
+            if not isinstance(outcome, Retryable):
+                return outcome
+            last = outcome
+            wait = outcome.retry_after if outcome.retry_after is not None else 0.5 * 2**attempt
+            logger.warning("create outcome unknown or transient; retrying with the same key",
+                           extra={"reason": outcome.reason, "http_status": outcome.http_status,
+                                  "attempt": attempt + 1, "wait": wait})
+            if attempt + 1 == CREATE_ATTEMPTS or remaining_ms() < self.clock.to_real(wait) * 1000 + \
+                    self.s.safety_margin_ms + 1000:
+                break
+            self.sleep(self.clock.to_real(wait))
+        assert last is not None
+        when = f" after {math.ceil(last.retry_after)} s" if last.retry_after is not None else ""
+        raise SubmitRetryable(f"Sume create did not complete ({last.reason}); retry the same event{when} "
+                              f"to replay its Idempotency-Key")
 
-    outcome = None
-    for attempt in range(CREATE_ATTEMPTS):
-        outcome = sume.create(kind, params, key)
-        if isinstance(outcome, Created | Fatal):
-            break
-        wait = min(outcome.retry_after if outcome.retry_after is not None else 0.5 * 2**attempt, 5.0)
-        logger.warning("create outcome unknown or transient; retrying with the same key",
-                       extra={"reason": outcome.reason, "http_status": outcome.http_status,
-                              "attempt": attempt + 1})
-        if attempt + 1 == CREATE_ATTEMPTS or remaining_ms() < wait * 1000 + settings.safety_margin_ms:
-            break
-        sleep(wait)
-    if isinstance(outcome, Fatal):
-        return _rejected(outcome.code or outcome.reason, http_status=outcome.http_status,
-                         request_id=outcome.request_id, idempotency_key=key)
-    if not isinstance(outcome, Created):
-        raise SubmitRetryable(f"Sume create did not complete ({getattr(outcome, 'reason', '?')}); "
-                              f"retry the same event to replay Idempotency-Key {key}")
-
-    new: list[str] = []
-    job_ids: list[str] = []
-    for raw_id in outcome.job_ids:
+    def _take_create_slot(self) -> None:
         try:
-            job_id = validate_job_id(raw_id)
-        except InvalidJobId as exc:
-            logger.error("Sume returned a job id this project cannot store", extra={"reason": str(exc)})
-            continue
-        job_ids.append(job_id)
-        extra = {"idempotency_key": key, "sume_request_id": outcome.request_id}
-        if _record(settings, store, queue, job_id, kind, deadline, extra):
-            new.append(job_id)
-    if not job_ids:  # paid for, but nothing this project can watch: say so, loudly
-        logger.error("Sume created a job this project cannot watch", extra={"request_id": outcome.request_id})
-        return _rejected("sume returned no storable job id", request_id=outcome.request_id, idempotency_key=key)
-    logger.info("submitted", extra={"job_ids": job_ids, "request_id": outcome.request_id})
-    return {"status": "submitted", "job_ids": job_ids, "new": new, "idempotency_key": key,
-            "request_id": outcome.request_id}
+            grant = self.creates.take(max_wait=0.0)
+        except RedisError:
+            wait = self.pacer.take()
+            grant = Grant(wait <= 0, wait)
+        if not grant.now:
+            raise CreateBudgetExhausted(max(grant.wait, 1.0))
 
+    def _submitted(self, kind: str, params: dict[str, Any], key: str, created: Created,
+                   derived: bool) -> dict[str, Any]:
+        new: list[str] = []
+        job_ids: list[str] = []
+        for raw_id in created.job_ids:
+            try:
+                job_id = validate_job_id(raw_id)
+            except InvalidJobId as exc:
+                logger.error("Sume returned a job id this project cannot store", extra={"reason": str(exc)})
+                continue
+            job_ids.append(job_id)
+            if self._record(job_id, kind, profile_key(kind, params),
+                            {"idempotency_key": key, "sume_request_id": created.request_id}):
+                new.append(job_id)
+        if not job_ids:  # paid for, but nothing this project can watch: say so, loudly
+            logger.error("Sume created a job this project cannot watch", extra={"request_id": created.request_id})
+            return _rejected("sume returned no storable job id", request_id=created.request_id, idempotency_key=key)
+        replayed = created.replayed or not new
+        logger.info("submitted", extra={"job_ids": job_ids, "request_id": created.request_id, "replayed": replayed})
+        return {"status": "submitted", "job_ids": job_ids, "new": new, "replayed": replayed,
+                "idempotency_key": key, "derived_key": derived, "request_id": created.request_id}
 
-def _record(settings: Settings, store: JobStore, queue: PollQueue, job_id: str, kind: str,
-            deadline: int, extra: dict[str, Any]) -> bool:
-    """Record the job as pending and queue its first poll; False if it was already recorded."""
-    if not store.put_pending(job_id, kind, deadline, settings.pending_shards, extra):
-        logger.info("job already recorded; nothing changed", extra={"job_id": job_id})
-        return False
-    delay = backoff_delay(kind, 0)
-    first = PollMessage(job_id=job_id, kind=kind, deadline_at=deadline, due_at=round(time.time() + delay, 3))
-    try:
-        queue.send(first.to_json(), delay)
-    except Exception as exc:  # recorded as pending: fan-out sends it on its next run
-        logger.warning("first poll not queued; fan-out will send it",
-                       extra={"job_id": job_id, "error": type(exc).__name__})
-    return True
+    def _record(self, job_id: str, kind: str, profile: str | None, extra: dict[str, Any]) -> bool:
+        """Record the job as pending and start its chain; False if it was already recorded."""
+        now = self.clock.now()
+        model = self.models(profile or kind, kind) if self.s.schedule.learned else None
+        delay = next_delay(kind, 0, 0.0, None, model, self.bounds)
+        if not self.store.put_pending(job_id, kind, now=now, deadline_at=int(now) + self.s.jobs.max_age,
+                                      profile=profile, chain_due_at=now + delay, extra=extra):
+            logger.info("job already recorded; nothing changed", extra={"job_id": job_id})
+            return False
+        token = new_token()
+        try:
+            ttl = self.clock.to_real(delay) + self.s.lease.start_ttl
+            self.lease.start(job_id, token, max(1, int(ttl * 1000)))
+        except RedisError as exc:  # the chain runs without the lease until Redis is back
+            logger.warning("lease not taken (Redis); the first poll runs unleased", extra={"error": type(exc).__name__})
+        first = PollMessage(job_id=job_id, kind=kind, deadline_at=int(now) + self.s.jobs.max_age,
+                            due_at=round(now + delay, 3), token=token, seq=0, submitted_at=int(now), profile=profile)
+        if self.queue.send([Outgoing(job_id, first.to_json(), delay)]):
+            logger.warning("first poll not queued; fan-out starts the chain", extra={"job_id": job_id})
+            with contextlib.suppress(RedisError):
+                self.lease.release(job_id, f"{token}:0")
+        return True

@@ -1,0 +1,273 @@
+"""Sweeps: find finished jobs in bulk on Sume's list route, and hand them to their chains' end.
+
+``GET /jobs`` lists the workspace's jobs, a page per read. Its order, cursor field and filters
+are not documented, so a sweep assumes nothing it has not checked:
+
+* one ``status`` per call (completed, failed, canceled, expired), no ``type`` filter: listed ids
+  are matched to this project's pending jobs by their records (which know each job's kind);
+* pages are read until the reply says there are no more (a cursor field that comes back empty),
+  or - when items carry ``updated_at`` and it never increases down the pages - until they reach
+  back past the previous complete sweep (minus the list's lag allowance). A full page without a
+  usable cursor, or reaching the page cap, makes the sweep *incomplete*: it finished what it saw
+  but proves nothing;
+* a 404/400 on the route (or garbage) marks it broken and a 403 forbidden, for an hour: sweeps
+  stop and every kind returns to the normal schedule. A 403 on the list is about the list, not
+  the key: chains are not paused;
+* every list read takes a slot from the shared read budget, ahead of chain reads.
+
+A listed job that is pending here is handed over (:meth:`LeaseStore.hand_over`): its waiting
+chain step is fenced out and a finishing message is queued - the poll function then writes a
+failed/canceled/expired job without a read, or fetches a completed job's result once and writes
+it. If a delivery of the chain is mid-poll, the sweep leaves the job to it. Complete sweeps
+then judge coverage (:mod:`sume_poller.coverage`).
+
+Cadence: the schedule ticks (the sweep measures how often, in clock time), but a sweep runs only
+while it saves reads: when the
+pending jobs it could finish are many per list read it costs (``MIN_JOBS_PER_READ``). While no
+kind is covered, every idle sweep (nothing finished, no coverage confirmed) doubles the wait
+before the next one, up to 16 periods; once chains rely on sweeps, they run every period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .budget import Budget
+from .clock import Clock
+from .coverage import CoverageStore
+from .jobs import InvalidJobId, canonical_terminal_status, validate_job_id
+from .lease import LeaseStore, new_token
+from .messages import RESULT_PHASE, PollMessage
+from .observability import logger
+from .queue import Outgoing, PollQueue
+from .store import JobStore
+from .sume import Listing, Refused, SumeClient
+
+STATUSES = ("completed", "failed", "canceled", "expired")
+PAGE_SIZE = 100
+MIN_JOBS_PER_READ = 5
+MAX_IDLE_DOUBLINGS = 4
+ROUTE_RETRY = 3_600.0
+
+
+@dataclass
+class SweepReport:
+    ran: bool = False
+    why_not: str | None = None
+    reads: int = 0
+    listed: int = 0
+    ours: int = 0
+    handed_over: int = 0
+    left_to_chain: int = 0
+    complete: bool = False
+    incomplete_reason: str | None = None
+    coverage: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    period: float  # clock seconds between schedule ticks
+    max_pages: int = 20
+    lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)
+    safety_margin_ms: int = 3_000
+
+
+class Sweeper:
+    def __init__(self, settings: SweepSettings, clock: Clock, *, sume: SumeClient, store: JobStore,
+                 queue: PollQueue, lease: LeaseStore, budget: Budget, coverage: CoverageStore,
+                 remaining_ms: Callable[[], int], handover_ttl_real: float) -> None:
+        self.s = settings
+        self.clock = clock
+        self.sume = sume
+        self.store = store
+        self.queue = queue
+        self.lease = lease
+        self.budget = budget
+        self.coverage = coverage
+        self.remaining_ms = remaining_ms
+        self.handover_ttl_ms = max(1, int(handover_ttl_real * 1000))
+        self.report = SweepReport()
+        self.tick = settings.period
+
+    # -- whether to sweep ---------------------------------------------------------------------------
+    def run(self) -> SweepReport:
+        now = self.clock.now()
+        try:
+            state = self.coverage.state()
+            self.tick = self._tick_interval(state, now)
+            self.coverage.update(tick_at=now, tick=self.tick)
+            why_not = self._why_not(state, now)
+            if why_not:
+                self.report.why_not = why_not
+                if "cheaper" in why_not and float(state.get("healthy_until", 0)) > now:
+                    self.coverage.update(healthy_until=0)  # no sweep is coming: chains back to normal
+                return self.report
+            self.coverage.update(last_at=now)
+        except RedisError as exc:
+            self.report.why_not = f"Redis unavailable ({type(exc).__name__})"
+            return self.report
+        self.report.ran = True
+        self._sweep(now, state)
+        return self.report
+
+    def _tick_interval(self, state: dict[str, str], now: float) -> float:
+        """Clock seconds between this sweep's ticks, as measured (the schedule fires in real time;
+        a compressed clock or a manual run changes what that is in clock time)."""
+        last = float(state.get("tick_at", 0))
+        measured = now - last if 0 < now - last < 4 * self.s.period else float(state.get("tick", self.s.period))
+        return max(1.0, measured)
+
+    def _why_not(self, state: dict[str, str], now: float) -> str | None:
+        if state.get("route", "ok") != "ok" and now < float(state.get("route_until", 0)):
+            return f"list route {state['route']} until {float(state['route_until']):.0f}"
+        pending = self.budget.state().get("n", 0.0)
+        cost = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
+        if pending / cost < MIN_JOBS_PER_READ:
+            return f"{pending:.0f} pending jobs for {cost} list reads: chains are cheaper"
+        relied_on = any(k.startswith("cov:") and int(v) > 0 for k, v in state.items())
+        idle = 0 if relied_on else min(int(state.get("idle", 0)), MAX_IDLE_DOUBLINGS)
+        if now < float(state.get("last_at", 0)) + self.tick * (2**idle - 0.5):
+            return f"backing off after {idle} idle sweeps"
+        return None
+
+    # -- the sweep ----------------------------------------------------------------------------------
+    def _sweep(self, started: float, state: dict[str, str]) -> None:
+        listed: dict[str, set[str]] = {}
+        watermarks: dict[str, float] = {}
+        complete = True
+        for status in STATUSES:
+            done, newest = self._status(status, float(state.get(f"wm:{status}", 0)), started, listed)
+            complete = complete and done
+            if newest is not None:
+                watermarks[f"wm:{status}"] = newest
+            if self.report.incomplete_reason and self.report.incomplete_reason.startswith("route"):
+                break
+        self.report.complete = complete
+        if complete:
+            self.report.coverage = self.coverage.judge(listed, started, self.s.lag)
+        useful = self.report.handed_over or any(hits for hits, _ in self.report.coverage.values())
+        idle = 0 if useful else int(state.get("idle", 0)) + 1
+        fields: dict[str, Any] = {"reads": self.report.reads, "idle": idle}
+        if complete:
+            healthy = started + 2 * self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS) + self.s.lag
+            fields.update(route="ok", healthy_until=healthy, complete_at=started, **watermarks)
+        self.coverage.update(**fields)
+        if not complete:
+            logger.warning("sweep incomplete: chains keep the normal schedule",
+                           extra={"reason": self.report.incomplete_reason})
+
+    def _status(self, status: str, watermark: float, started: float,
+                listed: dict[str, set[str]]) -> tuple[bool, float | None]:
+        """Page through one status; (complete, newest updated_at seen)."""
+        cursor: str | None = None
+        newest: float | None = None
+        last_seen: float | None = None
+        monotone = True
+        for page in range(self.s.max_pages):
+            if self.remaining_ms() < self.s.safety_margin_ms:
+                return self._incomplete("out of time"), newest
+            if not self.budget.take(mode="ahead").now:
+                return self._incomplete("read budget paused"), newest
+            reply = self.sume.list_jobs(limit=PAGE_SIZE, cursor=cursor, status=status)
+            self.report.reads += 1
+            if isinstance(reply, Refused) and reply.why in ("forbidden", "not_found", "request"):
+                route = "forbidden" if reply.why == "forbidden" else "broken"
+                logger.error(f"the list route answers {reply.http_status}: sweeps off, chains keep the normal schedule",
+                             extra={"route": route})
+                self.coverage.fail(route, self.clock.now() + ROUTE_RETRY)
+                return self._incomplete(f"route {route} ({reply.http_status})"), newest
+            if not isinstance(reply, Listing):
+                return self._incomplete(f"list read failed ({getattr(reply, 'reason', reply)})"), newest
+            times = [_timestamp(i.get("updated_at")) for i in reply.items]
+            for t in times:
+                if t is None:
+                    monotone = False
+                    continue
+                newest = t if newest is None else max(newest, t)
+                monotone = monotone and (last_seen is None or t <= last_seen)
+                last_seen = t
+            self._finish_listed(reply.items, status, listed)
+            if reply.has_cursor and reply.next_cursor is None:
+                return True, newest
+            if monotone and last_seen is not None and watermark and last_seen < watermark - self.s.lag:
+                return True, newest  # the rest is older than the previous complete sweep saw
+            if not reply.has_cursor:
+                if len(reply.items) < PAGE_SIZE:
+                    return True, newest
+                return self._incomplete("a full page without a usable cursor"), newest
+            cursor = reply.next_cursor
+            if page + 1 == self.s.max_pages:
+                return self._incomplete(f"capped at {self.s.max_pages} pages"), newest
+        return self._incomplete("capped"), newest
+
+    def _incomplete(self, reason: str) -> bool:
+        self.report.incomplete_reason = self.report.incomplete_reason or reason
+        return False
+
+    def _finish_listed(self, items: tuple[dict[str, Any], ...], status: str, listed: dict[str, set[str]]) -> None:
+        ids: dict[str, str] = {}
+        for item in items:
+            try:
+                job_id = validate_job_id(item.get("id") or item.get("job_id"))
+            except InvalidJobId:
+                continue
+            raw = item.get("status")
+            ids[job_id] = raw if isinstance(raw, str) and raw else status
+        self.report.listed += len(ids)
+        records = self.store.get_many(list(ids))
+        outgoing: list[tuple[Outgoing, str]] = []
+        for job_id, record in records.items():
+            kind = str(record.get("kind"))
+            listed.setdefault(kind, set()).add(job_id)
+            self.report.ours += 1
+            if record.get("status") != "pending":
+                continue
+            handed = self._hand_over(job_id, record, ids[job_id])
+            if handed is None:
+                self.report.left_to_chain += 1
+            else:
+                outgoing.append(handed)
+        unsent = self.queue.send(m for m, _ in outgoing)
+        for message, held in outgoing:  # its waiting message is fenced out: free the lease for it
+            if message.key in unsent:
+                logger.error("finishing message not sent; the job's chain takes over", extra={"job_id": message.key})
+                with contextlib.suppress(RedisError):
+                    self.lease.release(message.key, held)
+        self.report.handed_over += len(outgoing) - len(unsent)
+
+    def _hand_over(self, job_id: str, record: dict[str, Any], sume_status: str) -> tuple[Outgoing, str] | None:
+        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms)
+        if held is None:
+            return None
+        now = self.clock.now()
+        canonical = canonical_terminal_status(sume_status, sume_status.lower() == "completed")
+        submitted = record.get("submitted_at")
+        message = PollMessage(
+            job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(now, 3),
+            token=held[0], seq=held[1], submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
+            profile=record.get("profile"), phase=RESULT_PHASE, seen_terminal_at=now, found_by="sweep",
+            outcome={"status": canonical, "sume_status": sume_status.lower()})
+        return Outgoing(job_id, message.to_json(), 0.0), f"{held[0]}:{held[1]}*"
+
+
+def _timestamp(value: Any) -> float | None:
+    """Seconds from an ISO-8601 ``updated_at`` (or a number), else None."""
+    if isinstance(value, int | float) and math.isfinite(value):
+        return float(value)
+    if not isinstance(value, str):
+        return None
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,131 @@
+"""Webhooks (opt-in): Sume's signed delivery that a job is ready or failed, as a hint to read now.
+
+Sume documents webhooks for some endpoints only (``webhook_url`` on create): events
+``*.ready``/``*.failed`` with ``X-Sume-Event-Id``, ``X-Sume-Timestamp`` (unix seconds) and
+``X-Sume-Signature: v1=<hex>``, the hex being HMAC-SHA256 of ``"{timestamp}.{raw body}"`` with
+the integration's signing secret. Deliveries can repeat and can be lost, so polling stays the
+source of truth and the body's status is never trusted: a verified delivery hands the job's
+waiting chain over to a step due now (:meth:`LeaseStore.hand_over`), which reads Sume at once.
+
+Answers: 202 accepted (a chain step was queued, or the job needs nothing), 200 a duplicate event
+id, 400 malformed, 401 a bad signature or a timestamp outside the tolerance (a replay), 413 a body
+larger than ``MAX_BODY``. Nothing here reads Sume. Event ids are remembered (in Redis) for twice
+the tolerance, after the step is queued, so a failure before that lets Sume's retry through.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .clock import Clock
+from .coverage import CoverageStore
+from .jobs import InvalidJobId, validate_job_id
+from .lease import LeaseStore, new_token
+from .messages import PollMessage
+from .observability import logger
+from .queue import Outgoing, PollQueue
+from .store import JobStore
+
+MAX_BODY = 64_000
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    body: dict[str, Any]
+
+
+def signature(secret: str, timestamp: str, raw: bytes) -> str:
+    """The ``X-Sume-Signature`` a delivery of ``raw`` at ``timestamp`` must carry."""
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + raw, hashlib.sha256).hexdigest()
+    return f"v1={digest}"
+
+
+def raw_body(event: Mapping[str, Any]) -> bytes:
+    """The request body of a Lambda function URL (or HTTP API v2) event, as Sume sent it."""
+    body = event.get("body") or ""
+    if event.get("isBase64Encoded"):
+        return base64.b64decode(body)
+    return body.encode() if isinstance(body, str) else b""
+
+
+class WebhookReceiver:
+    def __init__(self, clock: Clock, *, secret: Callable[[], str], tolerance: float, store: JobStore,
+                 lease: LeaseStore, queue: PollQueue, handover_ttl_real: float,
+                 coverage: CoverageStore | None = None) -> None:
+        self.clock = clock
+        self.secret = secret
+        self.tolerance = tolerance
+        self.store = store
+        self.lease = lease
+        self.queue = queue
+        self.handover_ttl_ms = max(1, int(handover_ttl_real * 1000))
+        self.seen_prefix = f"{lease.prefix}!webhook:"
+        self.coverage = coverage
+
+    def handle(self, headers: Mapping[str, str], raw: bytes) -> Answer:
+        if len(raw) > MAX_BODY:
+            return Answer(413, {"error": f"body larger than {MAX_BODY} bytes"})
+        h = {k.lower(): v for k, v in headers.items()}
+        event_id, stamp, signed = h.get("x-sume-event-id"), h.get("x-sume-timestamp"), h.get("x-sume-signature")
+        if not event_id or not stamp or not signed or len(event_id) > 200:
+            return Answer(400, {"error": "X-Sume-Event-Id, X-Sume-Timestamp and X-Sume-Signature are required"})
+        try:
+            sent_at = int(stamp)
+        except ValueError:
+            return Answer(400, {"error": "X-Sume-Timestamp must be unix seconds"})
+        if abs(self.clock.now() - sent_at) > self.tolerance:
+            return Answer(401, {"error": "timestamp outside the tolerance"})
+        if not hmac.compare_digest(signature(self.secret(), stamp, raw), signed.strip()):
+            return Answer(401, {"error": "bad signature"})
+        try:
+            payload = json.loads(raw)
+            job_id = validate_job_id((payload.get("data") or {}).get("job_id"))
+        except (ValueError, AttributeError, InvalidJobId) as exc:
+            return Answer(400, {"error": f"malformed event: {str(exc)[:100]}"})
+        if self.coverage is not None:  # deliveries arrive: chains of webhook kinds may stretch
+            with contextlib.suppress(RedisError):
+                self.coverage.webhook_arrived(self.clock.now())
+        if self._seen(event_id):
+            return Answer(200, {"duplicate": True})
+        queued = self._read_now(job_id)
+        self._remember(event_id)
+        logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
+        return Answer(202, {"job_id": job_id, "queued": queued})
+
+    def _seen(self, event_id: str) -> bool:
+        return bool(self.lease.client.exists(self.seen_prefix + event_id))
+
+    def _remember(self, event_id: str) -> None:
+        try:
+            ttl = max(1, int(self.clock.to_real(2 * self.tolerance)))
+            self.lease.client.set(self.seen_prefix + event_id, "1", ex=ttl)
+        except RedisError as exc:
+            logger.warning("webhook event id not remembered", extra={"error": type(exc).__name__})
+
+    def _read_now(self, job_id: str) -> bool:
+        """Queue a status read of the job now, in place of its chain's waiting step."""
+        record = self.store.get(job_id)
+        if record is None or record.get("status") != "pending":
+            return False  # not ours, or already finished: nothing to read
+        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms)
+        if held is None:
+            return False  # a delivery of its chain is reading it right now
+        submitted = record.get("submitted_at")
+        message = PollMessage(job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]),
+                              due_at=round(self.clock.now(), 3), token=held[0], seq=held[1],
+                              submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
+                              profile=record.get("profile"), found_by="webhook")
+        if self.queue.send([Outgoing(job_id, message.to_json(), 0.0)]):
+            self.lease.release(job_id, f"{held[0]}:{held[1]}*")  # the chain's waiting step takes over
+            raise RuntimeError("the poll queue refused the message; Sume will deliver the webhook again")
+        return True
