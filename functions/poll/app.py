@@ -1,7 +1,7 @@
-"""Poll function (SQS trigger): one Sume read per message, under the job's Redis lease.
+"""Poll function (SQS trigger): each message is one step of a job's chain, at most one Sume read.
 
-Thin handler: the logic is in the shared layer (``sume_poller.poller``). Returns an SQS
-partial batch response (``ReportBatchItemFailures``).
+Thin handler: the state machine is ``sume_poller.poller``, the batch adapter ``sume_poller.batch``.
+Returns an SQS partial batch response (``ReportBatchItemFailures``).
 """
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from sume_poller import runtime
-from sume_poller.observability import logger, metrics
-from sume_poller.poller import handle_batch
+from sume_poller.batch import emit_metrics
+from sume_poller.observability import logger, metrics, traced
 
 
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
+@traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return handle_batch(event, context.get_remaining_time_in_millis, runtime.poller())
+    report = runtime.poll_runner().run(event, context.get_remaining_time_in_millis)
+    emit_metrics(report)
+    return report.response()

@@ -1,19 +1,23 @@
-"""Submit function (direct invoke): start a paid Sume job with an Idempotency-Key, or register
-an already submitted job id, and record it as pending. See ``sume_poller.submit`` for the event."""
+"""Submit function (direct invoke): start a paid Sume job with an Idempotency-Key, or register an
+already submitted job id; record it as pending and start its chain. See ``sume_poller.submit``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sume_poller import runtime
-from sume_poller.observability import MetricUnit, logger, metrics
-from sume_poller.submit import handle_submit
+from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.submit import CreateBudgetExhausted
 
 
-@metrics.log_metrics
+@metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
+@traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    reply = handle_submit(event, runtime.settings(), runtime.sume_client(), runtime.job_store(),
-                          runtime.poll_queue(), context.get_remaining_time_in_millis)
+    try:
+        reply = runtime.submitter().handle(event, context.get_remaining_time_in_millis)
+    except CreateBudgetExhausted:
+        metrics.add_metric(name="CreateBudgetExhausted", unit=MetricUnit.Count, value=1)
+        raise
     metrics.add_metric(name=f"Submit_{reply['status']}", unit=MetricUnit.Count, value=1)
     return reply

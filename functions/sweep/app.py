@@ -1,0 +1,31 @@
+"""Sweep function (schedule): find finished jobs in bulk on Sume's list route, while it saves reads.
+
+Thin handler: the logic is ``sume_poller.sweep``; what sweeps proved is ``sume_poller.coverage``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_lambda_powertools.metrics import single_metric
+
+from sume_poller import runtime
+from sume_poller.observability import MetricUnit, logger, metrics, traced
+
+
+@metrics.log_metrics(capture_cold_start_metric=True)
+@logger.inject_lambda_context(clear_state=True)
+@traced
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    report = runtime.sweeper(context.get_remaining_time_in_millis).run()
+    if report.ran:
+        for name, value in (("SweepReads", report.reads), ("SweepHandedOver", report.handed_over),
+                            ("SweepIncomplete", int(not report.complete)),
+                            ("SweepRouteBroken", int((report.incomplete_reason or "").startswith("route"))),
+                            ("SweepMiss", sum(missed for _, missed in report.coverage.values()))):
+            metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        for kind, (covered, _) in report.coverage.items():
+            with single_metric(name="SweepCovered", unit=MetricUnit.Count, value=covered) as metric:
+                metric.add_dimension(name="kind", value=kind)
+    logger.info("sweep finished" if report.ran else "sweep skipped", extra=report.as_dict())
+    return report.as_dict()
