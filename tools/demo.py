@@ -1,58 +1,52 @@
 """The demo: run a few hundred Sume jobs through the system locally and show what happened.
 
-    python -m tools.demo [--backend ministack|handlers] [--jobs 300] [--time-scale 0.15] [--seed 7]
+    python -m tools.demo [--backend deployed|inprocess] [--jobs 300] [--time-scale 0.1]
+                         [--seed 7] [--timeout 600] [--param Key=Value ...]
 
-Backends:
+It starts a local stack (tools.stack): ``deployed`` (default, ``make demo``) builds and deploys
+template.yaml into ministack, where the deployed schedule, SQS event source and Lambdas do the
+work; ``inprocess`` runs the handlers in this process on moto server, playing the event source
+and the schedule. Either way redis-server, the Sume simulator and the AWS side run on free
+127.0.0.1 ports and are stopped on exit or Ctrl-C.
 
-* ``ministack`` (default, ``make demo``): ``sam build`` + ``sam deploy`` of template.yaml into
-  ministack; the deployed schedule, SQS event source and Lambdas do the work (tools.ministack).
-* ``handlers``: the template's handlers invoked in-process against moto server, with this
-  process playing the SQS event source and the schedule (tools.localrun). No deploy step.
-
-Both start what they need (redis-server, the Sume simulator, moto or ministack) on free
-127.0.0.1 ports and stop it on exit or Ctrl-C. The run submits jobs of mixed kinds, lengths and
-outcomes through the submit function, shows live progress, then a summary. Exit status 1 if a
-job was lost (not terminal in time) or finished twice (more than one terminal event).
+``--time-scale`` is the stack's one clock knob: the functions and the simulator both run on it
+(0.1: a clock second lasts 0.1 s). The jobs' simulated durations, Sume's hints and the read
+budget (the template's 120 reads per clock minute unless ``--param ReadsPerMinute=...``; no
+daily cap) are clock time. The run submits jobs of mixed kinds, lengths and outcomes through the submit
+function, shows live progress, then a summary. Exit status 1 if a job was lost (not terminal in
+time) or finished twice (more than one terminal event).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tools.stack import BACKENDS, SetupError, Stack, open_stack
+
 KINDS = ["image", "image", "image", "video", "ad_video", "face_swap", "reference_analysis"]
 OUTCOMES = ["completed"] * 14 + ["failed", "failed", "canceled", "expired"]
-
-
-class Backend(Protocol):
-    name: str
-
-    def submit(self, event: dict[str, Any]) -> dict[str, Any]: ...
-    def tick(self) -> None: ...
-    def records(self) -> list[dict[str, Any]]: ...
-    def events(self) -> list[dict[str, Any]]: ...
-    def dlq_depth(self) -> int: ...
-    def counters(self) -> dict[str, int]: ...
-    def sim_stats(self) -> dict[str, Any]: ...
-
-
-@dataclass
-class Plan:
-    events: list[dict[str, Any]]
-    min_reads: int = 0
+#: Template parameters of the demo: creates are not limited (300 submissions in seconds would
+#: exceed Sume's documented 10 per minute), nor reads per day (the day's budget is paced evenly
+#: over the day: at clock scale 0.1, 10,000 a day is 1.2 reads per real second); reads per
+#: minute keep the template's 120, and poll concurrency is 8 instead of 5.
+DEMO_PARAMETERS = {"CreatesPerMinute": "0", "CreatesPerDay": "0", "ReadsPerDay": "0", "PollMaxConcurrency": "8"}
+#: How often the live view reads the table and the metrics (real seconds).
+VIEW_EVERY_S = 1.0
 
 
 def plan_jobs(count: int, seed: int) -> list[dict[str, Any]]:
@@ -89,77 +83,111 @@ class Summary:
     lost: list[str]
     dlq: int
     wall: float
-    counters: dict[str, int] = field(default_factory=dict)
+    metrics: Counter[str] = field(default_factory=Counter)
+    #: To come: per job, who found it terminal - "chain", "sweep" or "webhook" - counted here.
+    found_by: Counter[str] = field(default_factory=Counter)
+    #: To come: per-kind lines (the learned completion-time model, what sweeps cover) as (what, value).
+    kind_lines: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.doubled and not self.lost
 
-
-def _status_table(records: list[dict[str, Any]], expected: int, backend: Backend, started: float) -> Table:
-    by = Counter(r.get("status", "?") for r in records)
-    stats = backend.sim_stats()
-    counters = backend.counters()
-    table = Table(title=f"sume-poller demo ({backend.name})", expand=False)
-    table.add_column("what")
-    table.add_column("now", justify="right")
-    table.add_row("jobs recorded", f"{len(records)} / {expected}")
-    for status in ("pending", "completed", "failed", "canceled", "expired", "timed_out"):
-        if by.get(status):
-            table.add_row(f"  {status}", str(by[status]))
-    table.add_row("Sume status reads", str(stats.get("status_reads", 0)))
-    table.add_row("Sume result reads", str(stats.get("result_reads", 0)))
-    table.add_row("re-queues", str(counters.get("requeues", 0)))
-    table.add_row("lease contention (dropped)", str(counters.get("contention", 0)))
-    table.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
-    return table
+    @property
+    def requeues(self) -> int:
+        return sum(self.metrics[f"Outcome_{n}"] for n in ("requeued", "transient", "hopped", "result_not_ready"))
 
 
-def run(backend: Backend, count: int, seed: int, timeout: float, console: Console) -> Summary:
+def found_by(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> Counter[str]:
+    """Who found each job terminal (chain, sweep or webhook). The place for that count: empty
+    until the records or events say it."""
+    return Counter()
+
+
+def kind_lines(stack: Stack, records: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Per-kind model and coverage lines for the summary. The place for them: none yet."""
+    return []
+
+
+class View:
+    """The live table, refreshed at most every VIEW_EVERY_S (reading the table is not free)."""
+
+    def __init__(self, stack: Stack, job_ids: list[str], live: Live, progress: Progress, task: Any) -> None:
+        self.stack, self.job_ids, self.live, self.progress, self.task = stack, job_ids, live, progress, task
+        self.started = time.monotonic()
+        self.records: list[dict[str, Any]] = []
+        self._at = 0.0
+
+    def done(self) -> bool:
+        if time.monotonic() - self._at < VIEW_EVERY_S:
+            return False
+        self._at = time.monotonic()
+        self.records = self.stack.records(self.job_ids)
+        finished = sum(1 for r in self.records if r.get("status") != "pending")
+        self.progress.update(self.task, completed=finished)
+        self.live.update(Group(self.progress, self.table()))
+        return finished == len(self.job_ids)
+
+    def table(self) -> Table:
+        by = Counter(r.get("status", "?") for r in self.records)
+        stats, metrics = self.stack.sim.stats(), self.stack.metric_totals()
+        table = Table(title=f"sume-poller demo ({self.stack.name}, clock x{1 / self.stack.clock.scale:g})")
+        table.add_column("what")
+        table.add_column("now", justify="right")
+        table.add_row("jobs recorded", f"{len(self.records)} / {len(self.job_ids)}")
+        for status in ("pending", "completed", "failed", "canceled", "expired", "timed_out"):
+            if by.get(status):
+                table.add_row(f"  {status}", str(by[status]))
+        table.add_row("Sume status / result reads", f"{stats.get('status_reads', 0)} / {stats.get('result_reads', 0)}")
+        table.add_row("429s / budget waits", f"{metrics['SumeThrottled']} / {metrics['BudgetExhausted']}")
+        table.add_row("lease contention (dropped)", str(metrics["LeaseContention"]))
+        table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
+        return table
+
+
+def run(stack: Stack, count: int, seed: int, timeout: float, console: Console) -> Summary:
     started = time.monotonic()
-    plan = plan_jobs(count, seed)
     job_ids: list[str] = []
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console)
-    submitting = progress.add_task("submitted", total=len(plan))
+    submitting = progress.add_task("submitted", total=count)
     finishing = progress.add_task("terminal", total=None)
     with Live(Group(progress), console=console, refresh_per_second=4) as live:
-        for event in plan:
-            reply = backend.submit(event)
+        for event in plan_jobs(count, seed):
+            reply = stack.submit(event)
             if reply.get("status") == "rejected":
                 console.print(f"[red]rejected[/red]: {reply}")
             job_ids.extend(reply.get("job_ids", []))
             progress.advance(submitting)
         progress.update(finishing, total=len(job_ids))
-        deadline = time.monotonic() + timeout
-        records: list[dict[str, Any]] = []
-        while True:
-            backend.tick()
-            records = [r for r in backend.records() if r["job_id"] in set(job_ids)]
-            done = sum(1 for r in records if r.get("status") != "pending")
-            progress.update(finishing, completed=done)
-            live.update(Group(progress, _status_table(records, len(job_ids), backend, started)))
-            if done == len(job_ids) or time.monotonic() > deadline:
-                break
-    wall = time.monotonic() - started
-    events = backend.events()
+        view = View(stack, job_ids, live, progress, finishing)
+        try:
+            stack.drive(view.done, timeout=timeout)
+        except TimeoutError as error:
+            console.print(f"[yellow]{error}[/yellow]")
+        # Terminal events follow their records closely: wait (bounded) until every job has one.
+        ours = set(job_ids)
+        with contextlib.suppress(TimeoutError):  # the summary counts what is missing
+            stack.drive(lambda: ours <= {e["job_id"] for e in stack.events()}, timeout=30)
+    records = stack.records(job_ids)
+    events = [e for e in stack.events() if e["job_id"] in ours]
     per_job = Counter(e["job_id"] for e in events)
-    stats = backend.sim_stats()
-    ours = set(job_ids)
-    jobs_stats = {j: s for j, s in stats.get("jobs", {}).items() if j in ours}
+    jobs_stats = {j: s for j, s in stack.sim.stats().get("jobs", {}).items() if j in ours}
     return Summary(
         jobs=len(job_ids),
         by_status=Counter(r.get("status", "?") for r in records),
         status_reads=sum(s["status_reads"] for s in jobs_stats.values()),
-        min_reads=sum(s["min_reads"] for s in jobs_stats.values()),
+        min_reads=sum(s["min_reads"] or 0 for s in jobs_stats.values()),
         result_reads=sum(s["result_reads"] for s in jobs_stats.values()),
-        events=sum(per_job.values()),
+        events=len(events),
         doubled=[j for j, n in per_job.items() if n > 1],
         lost=[r["job_id"] for r in records if r.get("status") == "pending"]
         + sorted(ours - {r["job_id"] for r in records}),
-        dlq=backend.dlq_depth(),
-        wall=wall,
-        counters=backend.counters(),
+        dlq=stack.dlq_depth(),
+        wall=time.monotonic() - started,
+        metrics=stack.metric_totals(),
+        found_by=found_by(records, events),
+        kind_lines=kind_lines(stack, records),
     )
 
 
@@ -170,53 +198,66 @@ def summary_table(s: Summary) -> Table:
     table.add_row("jobs", str(s.jobs))
     for status, n in sorted(s.by_status.items()):
         table.add_row(f"  {status}", str(n))
-    ratio = s.status_reads / s.min_reads if s.min_reads else float("nan")
-    table.add_row("Sume status reads / schedule minimum", f"{s.status_reads} / {s.min_reads} = {ratio:.3f}")
-    table.add_row("Sume result reads", str(s.result_reads))
+    reads = s.status_reads + s.result_reads
+    table.add_row("Sume reads per job", f"{reads / s.jobs:.2f}" if s.jobs else "-")
+    ratio = f"{s.status_reads / s.min_reads:.3f}" if s.min_reads else "-"
+    table.add_row("Sume status reads / simulator's minimum", f"{s.status_reads} / {s.min_reads} = {ratio}")
+    completed = s.by_status["completed"]
+    table.add_row("Sume result reads / completed jobs (minimum)", f"{s.result_reads} / {completed}")
+    table.add_row("429s answered by Sume", str(s.metrics["SumeThrottled"]))
+    table.add_row("budget waits (reads deferred to a budget slot)", str(s.metrics["BudgetExhausted"]))
     table.add_row("terminal events / jobs", f"{s.events} / {s.jobs}")
     table.add_row("jobs finished twice (must be 0)", str(len(s.doubled)))
     table.add_row("jobs lost (must be 0)", str(len(s.lost)))
-    table.add_row("re-queues", str(s.counters.get("requeues", 0)))
-    table.add_row("lease contention (dropped)", str(s.counters.get("contention", 0)))
+    table.add_row("re-queues", str(s.requeues))
+    table.add_row("lease contention (dropped)", str(s.metrics["LeaseContention"]))
+    if s.found_by:
+        table.add_row("found terminal by", ", ".join(f"{who} {n}" for who, n in s.found_by.most_common()))
+    for what, value in s.kind_lines:
+        table.add_row(what, value)
     table.add_row("DLQ depth", str(s.dlq))
     table.add_row("wall time", f"{s.wall:.1f} s")
     return table
 
 
-@contextmanager
-def handlers_backend(time_scale: float, stack: ExitStack) -> Iterator[Backend]:
-    from tools.localrun import HandlersBackend
-    yield HandlersBackend.start(stack, time_scale=time_scale)
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM (``timeout``, ``kill PID``) unwinds like Ctrl-C, so everything started is stopped."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        signal.signal(signal.SIGTERM, interrupt)
 
 
-@contextmanager
-def ministack_backend(time_scale: float, stack: ExitStack) -> Iterator[Backend]:
-    from tools.ministack import MinistackBackend
-    yield MinistackBackend.start(stack, time_scale=time_scale)
+def _parameter(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected Key=Value, not {text!r}")
+    return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["ministack", "handlers"], default="ministack")
+    parser.add_argument("--backend", choices=BACKENDS, default="deployed")
     parser.add_argument("--jobs", type=int, default=300, help="submissions (face swap makes 2 jobs each)")
-    parser.add_argument("--time-scale", type=float, default=0.15,
-                        help="multiplies every simulated job duration (1 = Sume-like lengths)")
+    parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per clock second (0 < s <= 1)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=600, help="seconds before unfinished jobs count as lost")
+    parser.add_argument("--param", type=_parameter, action="append", default=[], metavar="Key=Value",
+                        help="a template parameter (repeatable), e.g. ReadsPerMinute=600")
     args = parser.parse_args(argv)
     console = Console()
-    with ExitStack() as stack:
-        make = ministack_backend if args.backend == "ministack" else handlers_backend
-        try:
-            backend = stack.enter_context(make(args.time_scale, stack))
-        except KeyboardInterrupt:
-            return 130
-        try:
-            summary = run(backend, args.jobs, args.seed, args.timeout, console)
-        except KeyboardInterrupt:
-            console.print("[yellow]interrupted; stopping everything the demo started[/yellow]")
-            return 130
+    _sigterm_as_interrupt()
+    parameters = {**DEMO_PARAMETERS, **dict(args.param)}
+    try:
+        with open_stack(args.backend, time_scale=args.time_scale, parameters=parameters) as stack:
+            summary = run(stack, args.jobs, args.seed, args.timeout, console)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; everything the demo started is stopped[/yellow]")
+        return 130
+    except SetupError as error:
+        console.print(f"[red]{error}[/red]")
+        return 2
     console.print(summary_table(summary))
     if not summary.ok:
         console.print(f"[red]FAILED[/red]: lost={summary.lost[:10]} doubled={summary.doubled[:10]}")

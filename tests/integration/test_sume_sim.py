@@ -1,7 +1,9 @@
-"""Tests for the local Sume simulator (tools/sume_sim), over real HTTP with urllib3."""
+"""Tests of the local Sume simulator (tools/sume_sim) over real HTTP with urllib3."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import signal
@@ -9,28 +11,38 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import urllib3
 
+from sume_poller.clock import Clock
 from tools.sume_sim import SumeSimulator
+
+pytestmark = pytest.mark.integration
 
 KEY = "sume_test_key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULT_URL_RE = re.compile(r"^https://cdn\.sume\.example/signed/[0-9a-f]+\?sig=[0-9a-f]+$")
+SUME_TYPES = {"image": "image_generation", "video": "video_generation", "ad_video": "ad_video_generation",
+              "face_swap": "face_swap", "reference_analysis": "reference_analysis"}
+RATE_HEADERS = ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "RateLimit-Policy")
 
 
-@pytest.fixture
-def sim() -> Iterator[SumeSimulator]:
-    simulator = SumeSimulator(api_key=KEY, hints=True, latency_ms=0, time_scale=1.0).start(port=0)
-    try:
-        yield simulator
-    finally:
-        simulator.stop()
+def wait_for(condition: Callable[[], Any], deadline_s: float = 5.0, what: str = "condition") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        threading.Event().wait(0.01)
+    raise AssertionError(f"{what} not met within {deadline_s} s")
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +77,11 @@ class Client:
         data = None if body is None else json.dumps(body).encode()
         return self.http.request(method, self.sim.control_url + path, body=data)
 
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        resp = self.ctl("POST", "/config", changes)
+        assert resp.status == 200, resp.data
+        return dict(resp.json())
+
     def create(self, path: str = "/images/generations", sim: dict[str, Any] | None = None, **kw: Any) -> str:
         resp = self.api("POST", path, {"prompt": "a cat", **({"sim": sim} if sim is not None else {})}, **kw)
         assert resp.status == 201, resp.data
@@ -74,6 +91,11 @@ class Client:
         if "job_id" in payload:
             return str(payload["job_id"])
         return str(payload["job_ids"][0])
+
+    def seed(self, **body: Any) -> str:
+        resp = self.ctl("POST", "/jobs", body)
+        assert resp.status == 201, resp.data
+        return str(resp.json()["id"])
 
     def status(self, job_id: str) -> dict[str, Any]:
         resp = self.api("GET", f"/jobs/{job_id}")
@@ -89,7 +111,7 @@ class Client:
         return dict(self.ctl("GET", "/stats").json())
 
     def poll_until_terminal(self, job_id: str, deadline_s: float = 3.0) -> list[dict[str, Any]]:
-        """Read the status until terminal; waits follow the server's exact hints, capped at 20 ms."""
+        """Read the status until terminal; waits follow the hints (clock seconds), capped at 20 ms real."""
         seen: list[dict[str, Any]] = []
         deadline = time.monotonic() + deadline_s
         while time.monotonic() < deadline:
@@ -97,13 +119,28 @@ class Client:
             seen.append(job)
             if job["terminal"]:
                 return seen
-            threading.Event().wait(min(float(job["next_poll_after_seconds"]), 0.02))
+            threading.Event().wait(min(self.sim.clock.to_real(float(job["next_poll_after_seconds"])), 0.02))
         raise AssertionError(f"job {job_id} not terminal before deadline; saw {[j['status'] for j in seen]}")
 
 
 @pytest.fixture
-def client(sim: SumeSimulator, http: urllib3.PoolManager) -> Client:
-    return Client(sim, http)
+def make_client(http: urllib3.PoolManager) -> Iterator[Callable[..., Client]]:
+    """Start a simulator with the given options (api_key defaults to KEY) and wrap it in a Client."""
+    started: list[SumeSimulator] = []
+
+    def factory(**options: Any) -> Client:
+        sim = SumeSimulator(**{"api_key": KEY, **options}).start(port=0)
+        started.append(sim)
+        return Client(sim, http)
+
+    yield factory
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def client(make_client: Callable[..., Client]) -> Client:
+    return make_client(hints=True, latency_ms=0, time_scale=1.0)
 
 
 def assert_envelope(resp: urllib3.BaseHTTPResponse, status: int, code: str) -> dict[str, Any]:
@@ -118,10 +155,15 @@ def assert_envelope(resp: urllib3.BaseHTTPResponse, status: int, code: str) -> d
     return dict(payload)
 
 
+def away_from_minute_edge(sim: SumeSimulator) -> None:
+    """Wait (at most about a second) so that the next few requests share one minute window."""
+    wait_for(lambda: sim.clock.now() % 60 < 59, deadline_s=2, what="a fresh minute")
+
+
 def assert_rate_headers(resp: urllib3.BaseHTTPResponse) -> None:
-    for name in ("RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset", "X-Request-Id"):
+    for name in (*RATE_HEADERS, "X-Request-Id"):
         assert name in resp.headers, name
-    assert int(resp.headers["RateLimit-Remaining"]) <= int(resp.headers["RateLimit-Limit"])
+    assert 0 <= int(resp.headers["RateLimit-Remaining"]) <= int(resp.headers["RateLimit-Limit"])
 
 
 # ---------------------------------------------------------------------------- auth and envelope
@@ -131,7 +173,7 @@ def test_auth_failures_return_401_envelope(client: Client) -> None:
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"X-Api-Key": "wrong"}, {"Authorization": KEY}):
         resp = client.api("POST", "/images/generations", {"prompt": "x"}, headers=headers, auth=False)
         assert_envelope(resp, 401, "unauthorized")
-        assert_rate_headers(resp)
+        assert not any(name in resp.headers for name in RATE_HEADERS)  # no budget is enforced
     assert client.stats()["unauthorized"] == 4
     assert client.stats()["jobs_created"] == 0
 
@@ -141,21 +183,29 @@ def test_both_auth_headers_are_accepted(client: Client) -> None:
     assert client.create(auth=False, headers={"Authorization": f"bearer {KEY}"})
 
 
-def test_success_responses_carry_request_id_and_rate_headers(client: Client) -> None:
+def test_success_responses_carry_request_id(client: Client) -> None:
     resp = client.api("POST", "/videos/generations", {"prompt": "x"})
     assert resp.status == 201
-    assert_rate_headers(resp)
     assert resp.json()["request_id"] == resp.headers["X-Request-Id"]
     job_id = resp.json()["job"]["id"]
     status = client.api("GET", f"/jobs/{job_id}")
-    assert_rate_headers(status)
-    assert status.json()["request_id"].startswith("req_")
+    assert status.json()["request_id"] == status.headers["X-Request-Id"]
 
 
 def test_unknown_job_and_route_are_404(client: Client) -> None:
     assert_envelope(client.api("GET", "/jobs/job_nope"), 404, "not_found")
     assert_envelope(client.api("GET", "/jobs/job_nope/result"), 404, "not_found")
     assert_envelope(client.api("GET", "/nothing/here"), 404, "not_found")
+    assert_envelope(client.api("DELETE", "/jobs/job_nope"), 405, "method_not_allowed")
+
+
+def test_key_forbidden_refuses_every_call(client: Client) -> None:
+    job_id = client.create()
+    client.configure(key_forbidden=True)
+    assert_envelope(client.api("GET", f"/jobs/{job_id}"), 403, "forbidden")
+    assert_envelope(client.api("POST", "/images/generations", {}), 403, "forbidden")
+    assert_envelope(client.api("GET", "/jobs"), 403, "forbidden")
+    assert_envelope(client.api("GET", "/jobs", auth=False, headers={"X-Api-Key": "nope"}), 401, "unauthorized")
 
 
 # ---------------------------------------------------------------------------- create
@@ -180,7 +230,7 @@ def test_create_id_shapes(
     assert resp.status == 201
     payload = resp.json()
     if shape == "job.id":
-        assert payload["job"] == {"id": payload["job"]["id"], "status": "queued", "type": kind}
+        assert payload["job"] == {"id": payload["job"]["id"], "status": "queued", "type": SUME_TYPES[kind]}
         ids = [payload["job"]["id"]]
     elif shape == "job_id":
         assert payload["status"] == "queued"
@@ -191,8 +241,9 @@ def test_create_id_shapes(
     for job_id in ids:
         assert job_id.startswith("job_")
         job = client.status(job_id)
-        assert job["type"] == kind and job["status"] == "queued"
-        assert client.job_info(job_id)["spec"]["id_shape"] == shape
+        assert job["type"] == SUME_TYPES[kind] and job["status"] == "queued"
+        info = client.job_info(job_id)
+        assert info["spec"]["id_shape"] == shape and info["kind"] == kind
     stats = client.stats()
     assert stats["creates"] == 1 and stats["jobs_created"] == count
 
@@ -228,6 +279,19 @@ def test_idempotency_is_atomic_under_concurrency(client: Client) -> None:
     assert (stats["creates"], stats["jobs_created"], stats["replays"]) == (1, 1, 11)
 
 
+def test_create_faults_then_slow_create(client: Client) -> None:
+    body = {"prompt": "x", "sim": {"create_faults": ["503:2", "slow:150"]}}
+    headers = {"Idempotency-Key": "flaky"}
+    refused = client.api("POST", "/images/generations", body, headers=headers)
+    assert_envelope(refused, 503, "internal_error")
+    assert refused.headers["Retry-After"] == "2"
+    started = time.monotonic()
+    late = client.api("POST", "/images/generations", body, headers=headers)
+    assert late.status == 201 and time.monotonic() - started >= 0.15
+    replay = client.api("POST", "/images/generations", body, headers=headers)
+    assert replay.data == late.data and client.stats()["jobs_created"] == 1
+
+
 def test_insufficient_credits_is_final_and_replayed(client: Client) -> None:
     headers = {"Idempotency-Key": "broke"}
     body = {"prompt": "x", "sim": {"insufficient_credits": True}}
@@ -252,7 +316,7 @@ def test_invalid_sim_directive_is_400(client: Client) -> None:
     assert client.stats()["jobs_created"] == 0
 
 
-# ---------------------------------------------------------------------------- timeline
+# ---------------------------------------------------------------------------- timeline (clock seconds)
 
 
 @pytest.mark.parametrize(
@@ -268,9 +332,9 @@ def test_invalid_sim_directive_is_400(client: Client) -> None:
     ],
 )
 def test_status_progresses_to_each_outcome(
-    client: Client, outcome: str, error_code: str | None, success: bool
+    make_client: Callable[..., Client], outcome: str, error_code: str | None, success: bool
 ) -> None:
-    client.ctl("POST", "/config", {"time_scale": 0.01})
+    client = make_client(time_scale=0.01)
     job_id = client.create(sim={"outcome": outcome, "duration": 15, "steps": 3})  # 0.15 s real
     seen = client.poll_until_terminal(job_id)
     statuses = [j["status"] for j in seen]
@@ -293,36 +357,41 @@ def test_status_progresses_to_each_outcome(
     assert info["status_reads"] == len(seen) and info["min_reads"] == 4
 
 
+def test_compressed_clock_reports_clock_seconds(make_client: Callable[..., Client]) -> None:
+    client = make_client(time_scale=0.01)
+    started = time.monotonic()
+    job_id = client.create(path="/videos/generations", sim={"duration": 20, "steps": 2})  # 0.2 s real
+    fresh = client.status(job_id)
+    assert 5 <= fresh["next_poll_after_seconds"] <= 10  # clock seconds to the next phase (10 s after creation)
+    created = datetime.fromisoformat(fresh["created_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(created - Clock(0.01).now()) < 100  # clock time (1 s real), far from wall time
+    client.poll_until_terminal(job_id)
+    assert time.monotonic() - started < 2
+
+
 def test_hint_values_follow_phase_boundaries(client: Client) -> None:
     spec = {"duration": 6, "steps": 2, "result_delay": 5}
-
-    def seed(age: float) -> str:
-        resp = client.ctl("POST", "/jobs", {"kind": "video", "sim": spec, "age": age})
-        assert resp.status == 201
-        return str(resp.json()["id"])
-
-    fresh = client.status(seed(0))
+    fresh = client.status(client.seed(kind="video", sim=spec, age=0))
     assert (fresh["status"], fresh["terminal"], fresh["result_ready"]) == ("queued", False, False)
     assert fresh["next_poll_after_seconds"] == 3
-    mid = client.status(seed(4))
+    mid = client.status(client.seed(kind="video", sim=spec, age=4))
     assert (mid["status"], mid["next_poll_after_seconds"]) == ("running", 2)
-    done_not_ready = client.status(seed(7))
+    done_not_ready = client.status(client.seed(kind="video", sim=spec, age=7))
     assert done_not_ready["status"] == "completed" and done_not_ready["terminal"] is True
     assert done_not_ready["result_ready"] is False and done_not_ready["result_url"] is None
     assert done_not_ready["next_poll_after_seconds"] == 4
-    ready = client.status(seed(12))
+    ready = client.status(client.seed(kind="video", sim=spec, age=12))
     assert ready["result_ready"] is True and ready["next_poll_after_seconds"] == 0
-    three_steps = client.ctl("POST", "/jobs", {"kind": "image", "sim": {"duration": 9, "steps": 3}, "age": 7})
-    late = client.status(three_steps.json()["id"])
+    late = client.status(client.seed(kind="image", sim={"duration": 9, "steps": 3}, age=7))
     assert (late["status"], late["next_poll_after_seconds"]) == ("processing", 2)
 
 
 def test_hints_round_up_with_minimum_one_and_exact_mode(client: Client) -> None:
     job_id = client.create(sim={"duration": 2.5, "steps": 1})
     assert client.status(job_id)["next_poll_after_seconds"] == 3
-    almost = client.ctl("POST", "/jobs", {"sim": {"duration": 3, "steps": 1}, "age": 2.5}).json()["id"]
+    almost = client.seed(sim={"duration": 3, "steps": 1}, age=2.5)
     assert client.status(almost)["next_poll_after_seconds"] == 1
-    client.ctl("POST", "/config", {"exact_hints": True})
+    client.configure(exact_hints=True)
     assert 0 < client.status(job_id)["next_poll_after_seconds"] < 2.5
     assert 0 < client.status(almost)["next_poll_after_seconds"] <= 0.5
 
@@ -333,7 +402,7 @@ def test_hints_global_off_and_per_job_override(client: Client) -> None:
     forced_off = client.create(sim={"hints": False})
     assert hint_keys <= set(client.status(plain))
     assert not hint_keys & set(client.status(forced_off))
-    assert client.ctl("POST", "/config", {"hints": False}).json()["hints"] is False
+    assert client.configure(hints=False)["hints"] is False
     forced_on = client.create(sim={"hints": True})
     job = client.status(plain)
     assert not hint_keys & set(job)
@@ -342,7 +411,7 @@ def test_hints_global_off_and_per_job_override(client: Client) -> None:
     assert client.job_info(plain)["min_reads"] == 3
 
 
-def test_status_override_reports_unknown_status_first(client: Client) -> None:
+def test_status_override_and_terminal_flag(client: Client) -> None:
     job_id = client.create(sim={"status_override": {"status": "mystery", "reads": 2}, "duration": 0})
     for _ in range(2):
         job = client.status(job_id)
@@ -350,12 +419,15 @@ def test_status_override_reports_unknown_status_first(client: Client) -> None:
         assert job["next_poll_after_seconds"] == 1 and job["result_url"] is None
     job = client.status(job_id)
     assert job["status"] == "completed" and job["terminal"] is True
+    flagged = client.status(client.create(sim={"duration": 0, "terminal_flag": False}))
+    assert flagged["status"] == "completed" and flagged["terminal"] is False
 
 
-# ---------------------------------------------------------------------------- faults
+# ---------------------------------------------------------------------------- faults and deployment behaviours
 
 
 def test_faults_are_consumed_in_order(client: Client) -> None:
+    client.configure(read_budget={"per_minute": 1000})
     errors = ["429:7", "500", "503:2", "502", "404", "401", "403", "400"]
     faults = [*errors, "malformed", "html", "empty", "slow:150"]
     job_id = client.create(sim={"faults": faults, "duration": 60})
@@ -405,42 +477,39 @@ def test_result_faults_apply_to_result_reads(client: Client) -> None:
 
 def test_random_faults_from_config(client: Client) -> None:
     job_id = client.create()
-    config = client.ctl("POST", "/config", {"malformed_rate": 1.0, "seed": 7}).json()
+    config = client.configure(malformed_rate=1.0, seed=7)
     assert config["malformed_rate"] == 1.0 and config["seed"] == 7
     resp = client.api("GET", f"/jobs/{job_id}")
     assert resp.status == 200
     with pytest.raises(ValueError):
         json.loads(resp.data)
-    client.ctl("POST", "/config", {"malformed_rate": 0.0, "error_rate_5xx": 1.0})
+    client.configure(malformed_rate=0.0, error_rate_5xx=1.0)
     codes = {client.api("GET", f"/jobs/{job_id}").status for _ in range(20)}
     assert codes <= {500, 503} and codes
     assert client.job_info(job_id)["status_reads"] == 21
 
 
-def test_rate_limit_returns_429_with_retry_after(client: Client) -> None:
-    client.ctl("POST", "/config", {"rate_limit_per_minute": 2})
-    job_id = client.create()
-    first = client.api("GET", f"/jobs/{job_id}")
-    assert first.status == 200 and first.headers["RateLimit-Limit"] == "2"
-    assert client.api("GET", f"/jobs/{job_id}/result").status == 409
-    limited = client.api("GET", f"/jobs/{job_id}")
-    assert_envelope(limited, 429, "rate_limit_exceeded")
-    assert 1 <= int(limited.headers["Retry-After"]) <= 60
-    assert limited.headers["RateLimit-Remaining"] == "0"
-    stats = client.stats()
-    assert stats["rate_limited"] == 1 and stats["status_reads"] == 2 and stats["result_reads"] == 1
-    client.ctl("POST", "/config", {"rate_limit_per_minute": None})
-    assert client.api("GET", f"/jobs/{job_id}").status == 200
-
-
 def test_latency_applies_to_api_only(client: Client) -> None:
-    client.ctl("POST", "/config", {"latency_ms": 120})
+    client.configure(latency_ms=120)
     started = time.monotonic()
     client.ctl("GET", "/stats")
     assert time.monotonic() - started < 0.1
     started = time.monotonic()
     assert client.api("GET", "/jobs/job_nope").status == 404
     assert time.monotonic() - started >= 0.12
+
+
+def test_read_after_create_lag_and_forbidden_job(client: Client) -> None:
+    lagging = client.create(sim={"not_found_for": 0.3, "duration": 0})
+    assert_envelope(client.api("GET", f"/jobs/{lagging}"), 404, "not_found")
+    assert_envelope(client.api("GET", f"/jobs/{lagging}/result"), 404, "not_found")
+    wait_for(lambda: client.api("GET", f"/jobs/{lagging}").status == 200, what="the job to become visible")
+    assert client.api("GET", f"/jobs/{lagging}/result").status == 200
+    foreign = client.create(sim={"forbidden": True})
+    assert_envelope(client.api("GET", f"/jobs/{foreign}"), 403, "forbidden")
+    assert_envelope(client.api("GET", f"/jobs/{foreign}/result"), 403, "forbidden")
+    assert client.configure(not_found_for=60)["not_found_for"] == 60
+    assert client.api("GET", f"/jobs/{client.create()}").status == 404
 
 
 # ---------------------------------------------------------------------------- result
@@ -452,16 +521,10 @@ def test_result_is_409_until_ready_then_200(client: Client) -> None:
     job = client.status(job_id)
     assert job["status"] == "completed" and job["result_ready"] is False
     assert job["next_poll_after_seconds"] == 1
-    deadline = time.monotonic() + 3
-    while True:
-        resp = client.api("GET", f"/jobs/{job_id}/result")
-        if resp.status == 200 or time.monotonic() > deadline:
-            break
-        assert resp.status == 409
-        threading.Event().wait(0.02)
-    assert resp.status == 200
+    resp = wait_for(lambda: (r := client.api("GET", f"/jobs/{job_id}/result")).status == 200 and r,
+                    what="the result")
     payload = resp.json()
-    assert payload["job_id"] == job_id and payload["type"] == "video"
+    assert payload["job_id"] == job_id and payload["type"] == "video_generation"
     assert RESULT_URL_RE.match(payload["result"]["url"])
     assert payload["result"]["width"] > 0 and payload["request_id"].startswith("req_")
     assert client.status(job_id)["result_url"] == payload["result"]["url"]
@@ -474,22 +537,173 @@ def test_result_of_failed_job_is_409(client: Client) -> None:
     assert assert_envelope(resp, 409, "result_not_ready")["error"]["details"]["status"] == "failed"
 
 
-# ---------------------------------------------------------------------------- list, control API
+def test_result_shapes(client: Client) -> None:
+    def result(shape: str) -> urllib3.BaseHTTPResponse:
+        resp = client.api("GET", f"/jobs/{client.create(sim={'duration': 0, 'result_shape': shape})}/result")
+        assert resp.status == 200 and resp.headers["X-Request-Id"].startswith("req_")
+        return resp
+
+    listed = result("list").json()
+    assert isinstance(listed, list) and RESULT_URL_RE.match(listed[0]["url"])
+    assert RESULT_URL_RE.match(result("string").json())
+    large = result("large")
+    assert len(large.data) > 400_000 and large.json()["request_id"] == large.headers["X-Request-Id"]
 
 
-def test_list_jobs_paginates_and_filters(client: Client) -> None:
+# ---------------------------------------------------------------------------- budgets
+
+
+def test_read_budget_headers_429_and_budget_route(client: Client) -> None:
+    client.configure(read_budget={"per_minute": 2, "per_day": 100})
+    job_id = client.create()
+    away_from_minute_edge(client.sim)
+    created = client.api("POST", "/images/generations", {})
+    assert not any(name in created.headers for name in RATE_HEADERS)  # creates: no create budget
+    first = client.api("GET", f"/jobs/{job_id}")
+    assert_rate_headers(first)
+    assert first.headers["RateLimit-Policy"] == "2;w=60, 100;w=86400"
+    assert (first.headers["RateLimit-Limit"], first.headers["RateLimit-Remaining"]) == ("2", "1")
+    assert client.api("GET", f"/jobs/{job_id}/result").status == 409
+    limited = client.api("GET", "/jobs")
+    assert_envelope(limited, 429, "rate_limit_exceeded")
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    assert limited.headers["RateLimit-Remaining"] == "0"
+    stats = client.stats()
+    assert (stats["rate_limited"], stats["status_reads"], stats["result_reads"], stats["list_reads"]) == (1, 1, 1, 1)
+    budget = client.ctl("GET", "/budget").json()
+    minute = budget["reads"]["60"][-1]
+    assert (minute["attempts"], minute["served"], minute["refused"], minute["limit"]) == (3, 2, 1, 2)
+    assert budget["reads"]["86400"][-1]["attempts"] == 3 and budget["creates"]["60"][-1]["attempts"] == 2
+    client.configure(rate_limit_per_minute=None)
+    assert client.api("GET", f"/jobs/{job_id}").headers["RateLimit-Policy"] == "100;w=86400"
+
+
+def test_create_budget(client: Client) -> None:
+    client.configure(create_budget={"per_minute": 1})
+    away_from_minute_edge(client.sim)
+    first = client.api("POST", "/images/generations", {})
+    assert first.status == 201 and first.headers["RateLimit-Policy"] == "1;w=60"
+    second = client.api("POST", "/images/generations", {})
+    assert_envelope(second, 429, "rate_limit_exceeded")
+    assert 1 <= int(second.headers["Retry-After"]) <= 60
+    assert client.stats()["jobs_created"] == 1
+
+
+def test_other_consumer_lowers_remaining(client: Client) -> None:
+    client.configure(read_budget={"per_minute": 6000}, other_consumer_share=0.5)
+    job_id = client.create(sim={"duration": 600})
+    client.api("GET", f"/jobs/{job_id}")
+    before = client.ctl("GET", "/budget").json()["reads"]["60"][-1]
+    remaining = int(client.api("GET", f"/jobs/{job_id}").headers["RateLimit-Remaining"])
+    after = client.ctl("GET", "/budget").json()["reads"]["60"][-1]
+    if before["window"] == after["window"]:
+        assert 6000 - 2 - after["other"] <= remaining <= 6000 - 2 - before["other"]
+        assert after["other"] == after["other_served"]
+
+
+# ---------------------------------------------------------------------------- list
+
+
+def test_list_default_mode(client: Client) -> None:
+    ids = [client.create() for _ in range(3)]
+    ids.append(client.create(path="/videos/generations", sim={"duration": 0}))
+    body = client.api("GET", "/jobs?limit=10").json()
+    assert set(body) == {"jobs", "request_id"}  # no cursor field
+    assert sorted(j["id"] for j in body["jobs"]) == sorted(ids)
+    assert all(set(j) == {"id", "type", "status"} for j in body["jobs"])
+    assert [j["id"] for j in client.api("GET", "/jobs?type=video_generation").json()["jobs"]] == [ids[3]]
+    assert [j["id"] for j in client.api("GET", "/jobs?status=Completed").json()["jobs"]] == [ids[3]]
+    assert_envelope(client.api("GET", "/jobs?status=queued,completed"), 400, "bad_request")
+    assert_envelope(client.api("GET", "/jobs?limit=0"), 400, "bad_request")
+    assert_envelope(client.api("GET", "/jobs?type=video"), 400, "bad_request")
+    assert client.stats()["status_reads"] == 0 and client.stats()["list_reads"] == 6
+
+
+def test_list_paginates_newest_first_with_full_items(client: Client) -> None:
+    client.configure(list={"fields": "full", "order": "newest_first", "cursor": True, "multi_status": True})
     ids = [client.create() for _ in range(3)]
     ids.append(client.create(path="/videos/generations", sim={"duration": 0}))
     page1 = client.api("GET", "/jobs?limit=3").json()
     assert [j["id"] for j in page1["jobs"]] == list(reversed(ids))[:3]
+    assert {"created_at", "updated_at"} <= set(page1["jobs"][0])
     page2 = client.api("GET", f"/jobs?limit=3&cursor={page1['next_cursor']}").json()
     assert [j["id"] for j in page2["jobs"]] == [ids[0]] and page2["next_cursor"] is None
-    videos = client.api("GET", "/jobs?type=video").json()["jobs"]
-    assert [j["id"] for j in videos] == [ids[3]]
-    assert [j["id"] for j in client.api("GET", "/jobs?status=completed").json()["jobs"]] == [ids[3]]
-    assert len(client.api("GET", "/jobs?status=queued").json()["jobs"]) == 3
-    assert_envelope(client.api("GET", "/jobs?limit=0"), 400, "bad_request")
-    assert client.stats()["status_reads"] == 0
+    assert len(client.api("GET", "/jobs?status=queued,completed").json()["jobs"]) == 4
+
+
+@pytest.mark.parametrize(("route", "status", "code"),
+                         [("missing", 404, "not_found"), ("bad_request", 400, "bad_request"),
+                          ("forbidden", 403, "forbidden")])
+def test_list_route_misses(client: Client, route: str, status: int, code: str) -> None:
+    client.configure(list={"route": route})
+    assert_envelope(client.api("GET", "/jobs"), status, code)
+
+
+# ---------------------------------------------------------------------------- webhooks
+
+
+class Receiver:
+    """A local HTTP server recording every POST (headers, body)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        received = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/sume"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    yield server
+    server.close()
+
+
+def test_webhook_is_delivered_signed_and_duplicated(make_client: Callable[..., Client], receiver: Receiver) -> None:
+    secret = "whsec_integration"
+    client = make_client(time_scale=0.01, seed=1,
+                         webhooks={"kinds": ["image"], "secret": secret, "duplicate": 1.0, "delay": 5})
+    refused = client.api("POST", "/videos/generations", {"webhook_url": receiver.url})
+    assert assert_envelope(refused, 400, "bad_request")["error"]["details"] == {"field": "webhook_url"}
+    job_id = client.create(sim={"duration": 10})  # no webhook: nothing is sent for it
+    created = client.api("POST", "/images/generations", {"webhook_url": receiver.url, "sim": {"duration": 10}})
+    hooked = created.json()["job"]["id"]
+    wait_for(lambda: len(receiver.requests) >= 2, what="two deliveries")  # never read: the worker still sends
+    assert client.job_info(hooked)["status_reads"] == 0 and job_id != hooked
+    (headers, body), (headers2, body2) = receiver.requests[:2]
+    assert body == body2 and headers["x-sume-event-id"] == headers2["x-sume-event-id"]
+    timestamp = headers["x-sume-timestamp"]
+    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    assert headers["x-sume-signature"] == f"v1={expected}"
+    assert abs(int(timestamp) - Clock(0.01).now()) < 1000  # clock seconds (10 s real), far from wall time
+    event = json.loads(body)
+    assert event["id"] == headers["x-sume-event-id"] and event["type"] == "image_generation.ready"
+    assert event["data"] == {"job_id": hooked, "status": "completed", "type": "image_generation"}
+    stats = wait_for(lambda: (s := client.ctl("GET", "/webhooks").json())["sent"] == 2 and s, what="stats")
+    assert (stats["planned"], stats["duplicated"], stats["statuses"]) == (1, 1, {"200": 2})
+    assert stats["deliveries"][0]["job_id"] == hooked and client.stats()["webhooks"]["sent"] == 2
+
+
+# ---------------------------------------------------------------------------- control API
 
 
 def test_control_job_and_stats_counters(client: Client) -> None:
@@ -514,7 +728,8 @@ def test_control_job_and_stats_counters(client: Client) -> None:
     stats = client.stats()
     assert stats["status_reads"] == 5 and stats["result_reads"] == 1
     assert stats["creates"] == 1 and stats["create_requests"] == 1 and stats["replays"] == 0
-    assert stats["jobs"][job_id] == {"status_reads": 3, "result_reads": 1, "min_reads": 5, "status": "queued"}
+    assert stats["jobs"][job_id] == {"status_reads": 3, "result_reads": 1, "min_reads": 5, "status": "queued",
+                                     "status_reads_after_terminal": 0}
     assert stats["jobs"]["job_ghost"]["status_reads"] == 2
 
 
@@ -533,9 +748,13 @@ def test_seed_job_with_explicit_id(client: Client) -> None:
 def test_config_endpoint_validates_and_changes_api_key(client: Client) -> None:
     config = client.ctl("GET", "/config").json()
     assert config["hints"] is True and config["api_key"] == KEY and config["rate_limit_per_minute"] is None
+    assert config["read_budget"] == {"per_minute": None, "per_day": None} and config["list"]["cursor"] is False
     assert client.ctl("POST", "/config", {"time_scale": 0}).status == 400
+    rejected = client.ctl("POST", "/config", {"time_scale": 0.5})
+    assert rejected.status == 400 and "time_scale" in rejected.json()["error"]["message"]
     assert client.ctl("POST", "/config", {"bogus": 1}).status == 400
-    updated = client.ctl("POST", "/config", {"api_key": "sume_other"}).json()
+    assert client.ctl("POST", "/config", {"list": {"fields": "everything"}}).status == 400
+    updated = client.configure(api_key="sume_other")
     assert updated["api_key"] == "sume_other" and updated["time_scale"] == 1.0
     assert_envelope(client.api("GET", "/jobs"), 401, "unauthorized")
     assert client.api("GET", "/jobs", auth=False, headers={"X-Api-Key": "sume_other"}).status == 200
@@ -545,26 +764,30 @@ def test_reset_clears_everything(client: Client) -> None:
     headers = {"Idempotency-Key": "k1"}
     first = client.api("POST", "/images/generations", {"p": 1}, headers=headers).json()["job"]["id"]
     client.status(first)
-    client.ctl("POST", "/config", {"hints": False, "latency_ms": 5})
+    client.configure(hints=False, latency_ms=5)
     assert client.ctl("POST", "/reset").status == 200
     stats = client.stats()
     assert stats["jobs"] == {} and stats["status_reads"] == 0 and stats["creates"] == 0
     config = client.ctl("GET", "/config").json()
     assert config["hints"] is True and config["latency_ms"] == 0
+    assert client.ctl("GET", "/budget").json()["reads"]["60"] == []
     assert_envelope(client.api("GET", f"/jobs/{first}"), 404, "not_found")
     again = client.api("POST", "/images/generations", {"p": 1}, headers=headers)
     assert again.json()["job"]["id"] != first and "Idempotent-Replayed" not in again.headers
 
 
 def test_python_api_and_context_manager(http: urllib3.PoolManager) -> None:
-    with SumeSimulator(api_key="k2", hints=False, time_scale=0.5) as sim:
+    with SumeSimulator(api_key="k2", hints=False, time_scale=0.5, rate_limit_per_minute=50) as sim:
         assert re.match(r"^http://127\.0\.0\.1:\d+/api/v1$", sim.base_url)
+        assert sim.control_url == sim.root_url + "/_sim" and sim.config["read_budget"]["per_minute"] == 50
         job_id = sim.seed_job("video", {"duration": 0})
         resp = http.request("GET", f"{sim.base_url}/jobs/{job_id}", headers={"Authorization": "Bearer k2"})
         assert resp.json()["job"]["status"] == "completed" and "terminal" not in resp.json()["job"]
         info = sim.job_info(job_id)
         assert info is not None and info["status_reads"] == 1
         assert sim.configure(hints=True)["hints"] is True and sim.stats()["status_reads"] == 1
+        assert sim.budget_stats()["reads"]["60"][-1]["served"] == 1
+        assert sim.webhook_stats()["planned"] == 0
         port = sim.port
     with pytest.raises(urllib3.exceptions.HTTPError):
         http.request("GET", f"http://127.0.0.1:{port}/_sim/stats", retries=False)
@@ -574,19 +797,15 @@ def test_python_api_and_context_manager(http: urllib3.PoolManager) -> None:
 
 
 def test_cli_starts_serves_and_exits_on_sigterm(http: urllib3.PoolManager) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.sume_sim", "--port", "0", "--api-key", "sume_cli_key", "--no-hints"],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    command = [sys.executable, "-m", "tools.sume_sim", "--port", "0", "--api-key", "sume_cli_key", "--no-hints",
+               "--time-scale", "0.01", "--read-per-minute", "100", "--list", '{"cursor": true}']
+    proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline() if proc.stdout else ""))
         reader.start()
-        reader.join(timeout=5)
-        assert lines, "no listening line within 5 s"
+        reader.join(timeout=10)
+        assert lines, "no listening line within 10 s"
         match = re.fullmatch(r"sume-sim listening on (http://127\.0\.0\.1:\d+/api/v1)\n", lines[0])
         assert match, lines[0]
         base = match.group(1)
@@ -598,6 +817,9 @@ def test_cli_starts_serves_and_exits_on_sigterm(http: urllib3.PoolManager) -> No
             "GET", f"{base}/jobs/{created.json()['job']['id']}", headers={"X-Api-Key": "sume_cli_key"}
         )
         assert job.status == 200 and "next_poll_after_seconds" not in job.json()["job"]
+        assert job.headers["RateLimit-Policy"] == "100;w=60"
+        config = http.request("GET", base.replace("/api/v1", "/_sim/config")).json()
+        assert config["time_scale"] == 0.01 and config["list"]["cursor"] is True
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=5) == 0
     finally:

@@ -1,4 +1,8 @@
-"""Tests of the local tooling: template resolution, provisioning, local invoke and services."""
+"""Unit tests of the local tooling: template reading and resolution, provisioning requests, local invoke.
+
+No network here: an autouse fixture makes any socket connection fail. Tests that need moto server
+or redis-server are in tests/integration/test_services.py.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +28,30 @@ from tools.local_invoke import (
     parse_parameter_overrides,
     prepare_environment,
 )
-from tools.services import MotoServer, RedisServer, ServiceError, free_port
 from tools.template import (
+    SUPPORTED_INTRINSICS,
     Resolver,
     Template,
+    UnsupportedIntrinsic,
     function_spec,
     functions,
     load_template,
     provision,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_PATH = ROOT / "template.yaml"
+#: RedisUrl has no Default in the project's template.
+PROJECT_PARAMETERS = {"RedisUrl": "redis://cache.local:6379/0"}
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(self: socket.socket, address: Any) -> None:
+        raise AssertionError(f"a unit test tried to connect to {address!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
 
 
 def write_template(tmp_path: Path, text: str) -> Template:
@@ -48,22 +63,6 @@ def write_template(tmp_path: Path, text: str) -> Template:
 @pytest.fixture(scope="module")
 def template() -> Template:
     return load_template(TEMPLATE_PATH)
-
-
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
-
-
-def aws_client(service: str, moto: MotoServer) -> Any:
-    return boto3.client(
-        service,
-        endpoint_url=moto.endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,6 +82,30 @@ def test_template_loads_with_short_form_tags(template: Template) -> None:
     assert template["AWSTemplateFormatVersion"] == "2010-09-09"
 
 
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        PROJECT_PARAMETERS,
+        {
+            **PROJECT_PARAMETERS,
+            "SubnetIds": "subnet-a,subnet-b",
+            "SecurityGroupIds": "sg-1",
+            "KmsKeyArn": "arn:aws:kms:us-east-1:123456789012:key/k-1",
+            "AlarmTopicArn": "arn:aws:sns:us-east-1:123456789012:alarms",
+        },
+    ],
+    ids=["defaults", "vpc-kms-alarms"],
+)
+def test_the_whole_project_template_uses_only_supported_intrinsics(
+    template: Template, parameters: dict[str, str]
+) -> None:
+    resolver = Resolver(template, parameters=parameters)
+    for name in template.get("Conditions") or {}:
+        assert isinstance(resolver.condition(name), bool)
+    for section in ("Globals", "Resources", "Outputs"):
+        resolver.resolve(template.get(section), section)  # raises UnsupportedIntrinsic otherwise
+
+
 def test_functions_lists_serverless_functions(template: Template) -> None:
     names = functions(template)
     assert {"FanOutFunction", "PollFunction", "SubmitFunction"} <= set(names)
@@ -92,41 +115,46 @@ def test_functions_lists_serverless_functions(template: Template) -> None:
 @pytest.mark.parametrize("logical_id", functions(load_template(TEMPLATE_PATH)))
 def test_every_function_resolves(template: Template, logical_id: str) -> None:
     props = template["Resources"][logical_id]["Properties"]
-    spec = function_spec(template, logical_id, Resolver(template))
+    globals_ = template["Globals"]["Function"]
+    resolver = Resolver(template, parameters=PROJECT_PARAMETERS)
+    spec = function_spec(template, logical_id, resolver)
     code_uri = props["CodeUri"].rstrip("/")
     assert code_uri.startswith("functions/")
     assert spec.code_dir == ROOT / code_uri
-    assert spec.code_dir.parts[-2:] == ("functions", code_uri.split("/")[-1])
     assert spec.handler == "app.lambda_handler"
     assert spec.layer_dirs == [ROOT / "layers" / "sume_poller"]
-    assert spec.timeout == props["Timeout"]
-    assert spec.memory == template["Globals"]["Function"]["MemorySize"]
-    assert spec.runtime == "python3.11"
+    assert spec.timeout == props.get("Timeout", globals_.get("Timeout"))
+    assert spec.memory == int(resolver.resolve(globals_["MemorySize"]))
+    assert spec.runtime == globals_["Runtime"]
     assert spec.function_name == logical_id
     env = spec.environment
     assert env["JOBS_TABLE"] == "JobsTable"  # sam local's Ref to a resource: its logical id
     assert env["POLL_QUEUE_URL"] == "PollQueue"
-    assert env["REDIS_URL"] == "redis://127.0.0.1:6379/0"
-    assert env["LEASE_KEY_PREFIX"] == "sume:poll:"
-    assert env["PENDING_SHARDS"] == "8"  # numbers become strings
+    assert env["REDIS_URL"] == PROJECT_PARAMETERS["RedisUrl"]
+    shards = template["Parameters"]["PendingShards"]["Default"]
+    assert env["PENDING_SHARDS"] == str(shards)  # numbers become strings
     assert env["POWERTOOLS_SERVICE_NAME"] == "sume-poller"
     assert all(isinstance(v, str) for v in env.values())
 
 
 def test_project_parameters_and_vpc_condition(template: Template) -> None:
     vpc = template["Globals"]["Function"]["VpcConfig"]
-    assert Resolver(template).resolve(vpc) is None  # UseVpc false: AWS::NoValue
-    resolver = Resolver(template, parameters={"SubnetIds": "subnet-a,subnet-b", "SecurityGroupIds": "sg-1"})
+    assert Resolver(template, parameters=PROJECT_PARAMETERS).resolve(vpc) is None  # UseVpc false: NoValue
+    resolver = Resolver(
+        template, parameters={**PROJECT_PARAMETERS, "SubnetIds": "subnet-a,subnet-b", "SecurityGroupIds": "sg-1"}
+    )
     assert resolver.condition("UseVpc") is True
     assert resolver.resolve(vpc) == {"SubnetIds": ["subnet-a", "subnet-b"], "SecurityGroupIds": ["sg-1"]}
-    spec = function_spec(template, "PollFunction", Resolver(template, parameters={"PendingShards": "16"}))
+    spec = function_spec(template, "PollFunction", Resolver(template, {**PROJECT_PARAMETERS, "PendingShards": "16"}))
     assert spec.environment["PENDING_SHARDS"] == "16"
 
 
 def test_project_sub_with_pseudo_parameters(template: Template) -> None:
-    statement = template["Resources"]["PollFunction"]["Properties"]["Policies"][0]["Statement"][1]
-    resolved = Resolver(template, region="eu-west-1", account_id="111122223333").resolve(statement)
-    assert resolved["Resource"] == "arn:aws:ssm:eu-west-1:111122223333:parameter/sume-poller/api-key"
+    resolver = Resolver(template, parameters=PROJECT_PARAMETERS, region="eu-west-1", account_id="111122223333")
+    policies = resolver.resolve(template["Resources"]["PollFunction"]["Properties"]["Policies"])
+    statements = [s for policy in policies for s in policy.get("Statement", [])]
+    (ssm,) = [s for s in statements if s["Action"] == ["ssm:GetParameter"]]
+    assert ssm["Resource"] == "arn:aws:ssm:eu-west-1:111122223333:parameter/sume-poller/api-key"
 
 
 # --------------------------------------------------------------------------------------------
@@ -139,10 +167,6 @@ Parameters:
   Size: {Type: Number, Default: 3}
   Subnets: {Type: CommaDelimitedList, Default: "a,b,c"}
   NoDefault: {Type: String}
-Mappings:
-  Sizes:
-    dev: {Memory: 128}
-    prod: {Memory: 1024}
 Conditions:
   IsProd: !Equals [!Ref Env, prod]
   NotProd: !Not [!Condition IsProd]
@@ -153,12 +177,14 @@ Resources:
     Type: AWS::SQS::Queue
   Table:
     Type: AWS::DynamoDB::Table
+  Bucket:
+    Type: AWS::S3::Bucket
   Topic:
     Type: AWS::SNS::Topic
   Values:
     Type: Custom::Values
     Properties:
-      Sub: !Sub "${Env}-${AWS::Region}-${AWS::AccountId}-${AWS::Partition}-${AWS::StackName}"
+      Sub: !Sub "${Env}-${AWS::Region}-${AWS::AccountId}-${AWS::Partition}-${AWS::StackName}-${AWS::URLSuffix}"
       SubAttr: !Sub "${Queue.Arn}|${Table.Arn}/index/x|${!Literal}"
       SubList: !Sub
         - "${Name}:${Env}:${Other}"
@@ -167,6 +193,8 @@ Resources:
       GetAttDot: !GetAtt Queue.Arn
       GetAttList: !GetAtt [Table, Arn]
       GetAttTopic: !GetAtt Topic.TopicArn
+      BucketRef: !Ref Bucket
+      BucketArn: !GetAtt Bucket.Arn
       Join: !Join [",", !Ref Subnets]
       JoinMixed: !Join ["-", [!Ref Env, !Ref Size, x]]
       IfProd: !If [IsProd, big, small]
@@ -175,11 +203,6 @@ Resources:
       Or: !If [ProdOrBig, 1, 0]
       Select: !Select [1, !Ref Subnets]
       SelectSplit: !Select ["2", !Split ["/", "x/y/z"]]
-      FindInMap: !FindInMap [Sizes, !Ref Env, Memory]
-      Base64: !Base64 "hi"
-      Azs: !GetAZs ""
-      Cidr: !Cidr ["10.0.0.0/16", 2, 8]
-      Import: !ImportValue shared-thing
       Dropped: !If [IsProd, kept, !Ref AWS::NoValue]
       List: [a, !If [IsProd, b, !Ref AWS::NoValue], c]
       Nested: {Deep: [{Ref: Env}]}
@@ -196,7 +219,7 @@ def resolve_values(tmp_path: Path, **kwargs: Any) -> dict[str, Any]:
 
 def test_intrinsics_with_defaults(tmp_path: Path) -> None:
     values = resolve_values(tmp_path)
-    assert values["Sub"] == "dev-us-east-1-123456789012-aws-sume-poller"
+    assert values["Sub"] == "dev-us-east-1-123456789012-aws-sume-poller-amazonaws.com"
     assert values["SubAttr"] == (
         "arn:aws:sqs:us-east-1:123456789012:Queue|arn:aws:dynamodb:us-east-1:123456789012:table/Table"
         "/index/x|${Literal}"
@@ -205,6 +228,8 @@ def test_intrinsics_with_defaults(tmp_path: Path) -> None:
     assert values["GetAttDot"] == "arn:aws:sqs:us-east-1:123456789012:Queue"
     assert values["GetAttList"] == "arn:aws:dynamodb:us-east-1:123456789012:table/Table"
     assert values["GetAttTopic"] == "arn:aws:sns:us-east-1:123456789012:Topic"
+    assert values["BucketRef"] == "Bucket"
+    assert values["BucketArn"] == "arn:aws:s3:::Bucket"
     assert values["Join"] == "a,b,c"
     assert values["JoinMixed"] == "dev-3-x"
     assert values["IfProd"] == "small"
@@ -213,11 +238,6 @@ def test_intrinsics_with_defaults(tmp_path: Path) -> None:
     assert values["Or"] == 1
     assert values["Select"] == "b"
     assert values["SelectSplit"] == "z"
-    assert values["FindInMap"] == 128
-    assert values["Base64"] == "aGk="
-    assert values["Azs"] == ["us-east-1a", "us-east-1b", "us-east-1c"]
-    assert values["Cidr"] == ["10.0.0.0/24", "10.0.1.0/24"]
-    assert values["Import"] == "imported:shared-thing"
     assert "Dropped" not in values
     assert values["List"] == ["a", "c"]
     assert values["Nested"] == {"Deep": ["dev"]}
@@ -228,19 +248,19 @@ def test_intrinsics_with_overrides_and_bound_resources(tmp_path: Path) -> None:
     values = resolve_values(
         tmp_path,
         parameters={"Env": "prod", "Size": "5", "Subnets": "x, y"},
-        resources={"Queue": "https://sqs.local/123/real-queue"},
+        resources={"Queue": "https://sqs.local/123/real-queue", "Bucket": "real-bucket"},
         attributes={"Queue.Arn": "arn:real:queue", "Queue.QueueName": "real-queue"},
         region="eu-central-1",
     )
     assert values["Sub"].startswith("prod-eu-central-1-")
     assert values["SubAttr"].startswith("arn:real:queue|arn:aws:dynamodb:eu-central-1:")
     assert values["SubList"] == "https://sqs.local/123/real-queue:prod:real-queue"
+    assert values["BucketArn"] == "arn:aws:s3:::real-bucket"
     assert values["Join"] == "x,y"
     assert values["IfProd"] == "big"
     assert values["IfNotProd"] == "no"
     assert values["And"] == 0  # Size is 5
     assert values["Or"] == 1
-    assert values["FindInMap"] == 1024
     assert values["Dropped"] == "kept"
     assert values["List"] == ["a", "b", "c"]
 
@@ -258,6 +278,8 @@ def test_resolver_bind_and_errors(tmp_path: Path) -> None:
         resolver.resolve({"Ref": "Missing"})
     with pytest.raises(ValueError, match="not declared"):
         Resolver(template, parameters={"Unknown": "x"})
+    with pytest.raises(ValueError, match=r"^Out: Fn::Join needs \[delimiter, \[values\]\]"):
+        resolver.resolve({"Fn::Join": ["-", "not-a-list"]}, "Out")
 
 
 def test_getatt_dotted_attribute_and_sub_escape(tmp_path: Path) -> None:
@@ -275,10 +297,99 @@ def test_getatt_dotted_attribute_and_sub_escape(tmp_path: Path) -> None:
         "Fn::GetAtt": ["Cache", "RedisEndpoint.Address"]
     }
     resolver = Resolver(template, attributes={"Cache.RedisEndpoint.Address": "cache.local"})
-    assert (
-        resolver.resolve({"Fn::Sub": "redis://${Cache.RedisEndpoint.Address}:6379"})
-        == "redis://cache.local:6379"
+    assert resolver.resolve({"Fn::Sub": "redis://${Cache.RedisEndpoint.Address}:6379"}) == "redis://cache.local:6379"
+
+
+# --------------------------------------------------------------------------------------------
+# Intrinsics this module does not implement: one clear error
+# --------------------------------------------------------------------------------------------
+
+SUPPORTED_LIST = ", ".join(SUPPORTED_INTRINSICS)
+
+
+@pytest.mark.parametrize(
+    ("yaml_value", "function"),
+    [
+        ("!FindInMap [Sizes, dev, Memory]", "Fn::FindInMap"),
+        ("!Base64 hi", "Fn::Base64"),
+        ("!GetAZs ''", "Fn::GetAZs"),
+        ("!ImportValue shared-thing", "Fn::ImportValue"),
+        ('!Cidr ["10.0.0.0/16", 2, 8]', "Fn::Cidr"),
+        ("!Length [a, b]", "Fn::Length"),
+        ("!ToJsonString {a: 1}", "Fn::ToJsonString"),
+        ('{"Fn::Transform": {Name: "AWS::Include"}}', "Fn::Transform"),
+        ("!NoSuchFunction x", "Fn::NoSuchFunction"),
+    ],
+)
+def test_unsupported_intrinsic_names_the_function_and_the_place(tmp_path: Path, yaml_value: str, function: str) -> None:
+    template = write_template(
+        tmp_path,
+        f"""\
+        Resources:
+          Thing:
+            Type: AWS::SNS::Topic
+            Properties:
+              Value: {yaml_value}
+        """,
     )
+    resolver = Resolver(template)
+    with pytest.raises(UnsupportedIntrinsic) as info:
+        resolver.resolve(template["Resources"], "Resources")
+    assert str(info.value) == (
+        f"{function} at Resources.Thing.Properties.Value is not supported by tools.template "
+        f"(supported: {SUPPORTED_LIST})"
+    )
+    assert (info.value.name, info.value.where) == (function, "Resources.Thing.Properties.Value")
+    assert isinstance(info.value, ValueError)
+
+
+def test_unsupported_intrinsic_nested_in_supported_ones_and_in_conditions(tmp_path: Path) -> None:
+    template = write_template(
+        tmp_path,
+        """\
+        Parameters:
+          Env: {Type: String, Default: dev}
+        Conditions:
+          FromMap: !Equals [!FindInMap [M, !Ref Env, on], "yes"]
+        Resources:
+          Fn:
+            Type: AWS::Serverless::Function
+            Properties:
+              CodeUri: src/
+              Environment:
+                Variables:
+                  ENCODED: !Join ["", ["x", !Base64 hi]]
+                  STACK: !Sub ["${Id}", {Id: !Ref AWS::StackId}]
+        """,
+    )
+    resolver = Resolver(template)
+    with pytest.raises(UnsupportedIntrinsic, match=r"^Fn::FindInMap at Conditions\.FromMap\.Fn::Equals\[0\] "):
+        resolver.condition("FromMap")
+    with pytest.raises(
+        UnsupportedIntrinsic, match=r"^Fn::Base64 at Resources\.Fn\.Properties\.Environment\.Variables\.ENCODED"
+    ):
+        function_spec(template, "Fn", resolver)
+    with pytest.raises(UnsupportedIntrinsic) as info:
+        resolver.resolve(template["Resources"]["Fn"]["Properties"]["Environment"]["Variables"]["STACK"], "STACK")
+    assert str(info.value).startswith("Ref AWS::StackId at STACK.Fn::Sub[1].Id is not supported")
+    assert "(supported: AWS::Region, AWS::AccountId, AWS::Partition, AWS::StackName" in str(info.value)
+
+
+def test_unsupported_intrinsics_only_fail_where_resolved(tmp_path: Path) -> None:
+    template = write_template(
+        tmp_path,
+        """\
+        Resources:
+          Fn:
+            Type: AWS::Serverless::Function
+            Properties: {CodeUri: src/, Environment: {Variables: {A: !Ref AWS::Region}}}
+          Alarm:
+            Type: AWS::CloudWatch::Alarm
+            Properties: {AlarmDescription: !Base64 "not needed locally"}
+        """,
+    )
+    spec = function_spec(template, "Fn", Resolver(template))
+    assert spec.environment == {"A": "us-east-1"}
 
 
 GLOBALS_TEMPLATE = """\
@@ -345,161 +456,182 @@ def test_globals_merge_rules(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Provisioning into moto server
+# What provision asks AWS for (a recording fake instead of an endpoint)
 # --------------------------------------------------------------------------------------------
 
 
-def test_provision_creates_tables_and_queues_from_template(template: Template, moto: MotoServer) -> None:
-    resolver = Resolver(template)
-    created = provision(template, resolver, moto.endpoint_url, names={"JobsTable": "jobs-under-test"})
-    assert set(created) == {"JobsTable", "PollQueue", "PollDeadLetterQueue"}
-    assert created["JobsTable"] == "jobs-under-test"
+class FakeClient:
+    """Records the requests of one boto3 client and answers like moto would."""
 
-    ddb = aws_client("dynamodb", moto)
-    table = ddb.describe_table(TableName="jobs-under-test")["Table"]
-    props = template["Resources"]["JobsTable"]["Properties"]
-    assert table["KeySchema"] == props["KeySchema"]
-    assert table["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-    (gsi,) = table["GlobalSecondaryIndexes"]
-    assert gsi["IndexName"] == "pending"
-    assert gsi["KeySchema"] == props["GlobalSecondaryIndexes"][0]["KeySchema"]
-    assert gsi["Projection"] == {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["kind", "deadline_at"]}
-    assert table["SSEDescription"]["Status"] == "ENABLED"
-    backups = ddb.describe_continuous_backups(TableName="jobs-under-test")["ContinuousBackupsDescription"]
-    assert backups["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"
+    def __init__(self, service: str, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
+        self.service = service
+        self.calls = calls
 
-    sqs = aws_client("sqs", moto)
-    dlq_arn = sqs.get_queue_attributes(QueueUrl=created["PollDeadLetterQueue"], AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    attrs = sqs.get_queue_attributes(QueueUrl=created["PollQueue"], AttributeNames=["All"])["Attributes"]
-    queue_props = template["Resources"]["PollQueue"]["Properties"]
-    assert int(attrs["VisibilityTimeout"]) == queue_props["VisibilityTimeout"]
-    assert int(attrs["MessageRetentionPeriod"]) == queue_props["MessageRetentionPeriod"]
-    redrive = json.loads(attrs["RedrivePolicy"])
-    assert redrive["deadLetterTargetArn"] == dlq_arn
-    assert int(redrive["maxReceiveCount"]) == queue_props["RedrivePolicy"]["maxReceiveCount"]
-    assert attrs["SqsManagedSseEnabled"] == "true"
+    def _record(self, method: str, request: dict[str, Any]) -> None:
+        self.calls.append((self.service, method, request))
 
-    # The resolver now gives the real values.
-    assert resolver.resolve({"Ref": "JobsTable"}) == "jobs-under-test"
-    assert resolver.resolve({"Ref": "PollQueue"}) == created["PollQueue"]
-    assert resolver.resolve({"Fn::GetAtt": ["PollQueue", "Arn"]}) == attrs["QueueArn"]
-    assert resolver.resolve({"Fn::GetAtt": ["PollDeadLetterQueue", "QueueName"]}) == dlq_arn.split(":")[-1]
-    assert resolver.resolve({"Fn::GetAtt": ["JobsTable", "Arn"]}) == table["TableArn"]
-    spec = function_spec(template, "PollFunction", resolver)
-    assert spec.environment["JOBS_TABLE"] == "jobs-under-test"
-    assert spec.environment["POLL_QUEUE_URL"] == created["PollQueue"]
+    def create_table(self, **request: Any) -> dict[str, Any]:
+        self._record("create_table", request)
+        return {"TableDescription": {"TableArn": f"arn:fake:table/{request['TableName']}"}}
+
+    def get_waiter(self, name: str) -> Any:
+        client = self
+
+        class Waiter:
+            def wait(self, **request: Any) -> None:
+                client._record(f"wait:{name}", request)
+
+        return Waiter()
+
+    def create_queue(self, **request: Any) -> dict[str, Any]:
+        self._record("create_queue", request)
+        return {"QueueUrl": f"http://fake/123/{request['QueueName']}"}
+
+    def get_queue_attributes(self, **request: Any) -> dict[str, Any]:
+        return {"Attributes": {"QueueArn": f"arn:fake:sqs:{request['QueueUrl'].rsplit('/', 1)[1]}"}}
+
+    def create_bucket(self, **request: Any) -> None:
+        self._record("create_bucket", request)
 
 
-def test_provision_generates_unique_names_and_skips_false_conditions(
-    tmp_path: Path, moto: MotoServer
+@pytest.fixture
+def aws_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, Any]]]:
+    calls: list[tuple[str, str, dict[str, Any]]] = []
+
+    class FakeSession:
+        def __init__(self, **kwargs: Any) -> None:
+            self.region = kwargs["region_name"]
+
+        def client(self, service: str, endpoint_url: str) -> FakeClient:
+            assert endpoint_url == "http://aws.invalid"
+            return FakeClient(service, calls)
+
+    monkeypatch.setattr(boto3.session, "Session", FakeSession)
+    return calls
+
+
+PROVISION_TEMPLATE = """\
+Parameters:
+  Extra: {Type: String, Default: "no"}
+Conditions:
+  WithExtra: !Equals [!Ref Extra, "yes"]
+Resources:
+  Table:
+    Type: AWS::DynamoDB::Table
+    DeletionPolicy: Retain
+    Properties:
+      BillingMode: PAY_PER_REQUEST
+      AttributeDefinitions: [{AttributeName: id, AttributeType: S}, {AttributeName: shard, AttributeType: S}]
+      KeySchema: [{AttributeName: id, KeyType: HASH}]
+      GlobalSecondaryIndexes:
+        - IndexName: by-shard
+          KeySchema: [{AttributeName: shard, KeyType: HASH}]
+          Projection: {ProjectionType: KEYS_ONLY}
+      PointInTimeRecoverySpecification: {PointInTimeRecoveryEnabled: true}
+      SSESpecification: {SSEEnabled: true}
+  Work:
+    Type: AWS::SQS::Queue
+    Properties:
+      VisibilityTimeout: 180
+      RedrivePolicy: {deadLetterTargetArn: !GetAtt Dead.Arn, maxReceiveCount: 5}
+  Dead:
+    Type: AWS::SQS::Queue
+    Properties: {SqsManagedSseEnabled: true}
+  Ordered:
+    Type: AWS::SQS::Queue
+    Properties: {FifoQueue: true, ContentBasedDeduplication: true}
+  Results:
+    Type: AWS::S3::Bucket
+    Properties:
+      VersioningConfiguration: {Status: Enabled}
+  OnlyWithExtra:
+    Type: AWS::SQS::Queue
+    Condition: WithExtra
+  Logs:
+    Type: AWS::Logs::LogGroup
+    Properties: {RetentionInDays: !Ref AWS::NoValue}
+  Alarm:
+    Type: AWS::CloudWatch::Alarm
+    Properties: {AlarmDescription: !Base64 "never resolved"}
+"""
+
+
+def test_provision_requests_tables_queues_and_buckets(
+    tmp_path: Path, aws_calls: list[tuple[str, str, dict[str, Any]]]
 ) -> None:
+    template = write_template(tmp_path, PROVISION_TEMPLATE)
+    resolver = Resolver(template)
+    created = provision(template, resolver, "http://aws.invalid", region="eu-west-1", names={"Table": "jobs"})
+
+    assert list(created) == ["Table", "Dead", "Work", "Ordered", "Results"]  # the DLQ before its user
+    assert created.skipped == {"Logs": "AWS::Logs::LogGroup", "Alarm": "AWS::CloudWatch::Alarm"}
+    requests = {(service, method): request for service, method, request in aws_calls}
+    assert requests["dynamodb", "create_table"] == {
+        "TableName": "jobs",
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": "id", "AttributeType": "S"},
+            {"AttributeName": "shard", "AttributeType": "S"},
+        ],
+        "KeySchema": [{"AttributeName": "id", "KeyType": "HASH"}],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": "by-shard",
+                "KeySchema": [{"AttributeName": "shard", "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
+        ],
+    }  # PITR and SSE are not asked for
+    assert requests["dynamodb", "wait:table_exists"]["TableName"] == "jobs"
+
+    queues = {r["QueueName"]: r["Attributes"] for s, m, r in aws_calls if m == "create_queue"}
+    dead = next(name for name in queues if name.startswith("sume-poller-Dead-"))
+    work = next(name for name in queues if name.startswith("sume-poller-Work-"))
+    ordered = next(name for name in queues if name.startswith("sume-poller-Ordered-"))
+    assert queues[dead] == {"SqsManagedSseEnabled": "true"}
+    assert queues[work]["VisibilityTimeout"] == "180"
+    assert json.loads(queues[work]["RedrivePolicy"]) == {
+        "deadLetterTargetArn": f"arn:fake:sqs:{dead}",
+        "maxReceiveCount": 5,
+    }
+    assert ordered.endswith(".fifo")
+    assert queues[ordered] == {"FifoQueue": "true", "ContentBasedDeduplication": "true"}
+
+    bucket = requests["s3", "create_bucket"]
+    assert bucket["Bucket"].startswith("sume-poller-results-") and bucket["Bucket"] == bucket["Bucket"].lower()
+    assert bucket["CreateBucketConfiguration"] == {"LocationConstraint": "eu-west-1"}
+    assert created["Results"] == bucket["Bucket"]
+
+    # The resolver now gives the created names.
+    assert resolver.resolve({"Ref": "Table"}) == "jobs"
+    assert resolver.resolve({"Fn::GetAtt": ["Table", "Arn"]}) == "arn:fake:table/jobs"
+    assert resolver.resolve({"Ref": "Work"}) == f"http://fake/123/{work}"
+    assert resolver.resolve({"Fn::GetAtt": ["Dead", "QueueName"]}) == dead
+    assert resolver.resolve({"Fn::GetAtt": ["Results", "Arn"]}) == f"arn:aws:s3:::{bucket['Bucket']}"
+
+
+def test_provision_with_a_true_condition_and_us_east_1_bucket(
+    tmp_path: Path, aws_calls: list[tuple[str, str, dict[str, Any]]]
+) -> None:
+    template = write_template(tmp_path, PROVISION_TEMPLATE)
+    created = provision(template, Resolver(template, parameters={"Extra": "yes"}), "http://aws.invalid")
+    assert "OnlyWithExtra" in created
+    (bucket,) = [r for s, m, r in aws_calls if m == "create_bucket"]
+    assert set(bucket) == {"Bucket"}  # us-east-1 takes no LocationConstraint
+
+
+def test_provision_reports_a_dependency_cycle(tmp_path: Path, aws_calls: list[Any]) -> None:
     template = write_template(
         tmp_path,
         """\
-        Parameters:
-          WithExtra: {Type: String, Default: "no"}
-        Conditions:
-          Extra: !Equals [!Ref WithExtra, "yes"]
         Resources:
-          Main:
-            Type: AWS::SQS::Queue
-            DependsOn: Later
-            Properties: {DelaySeconds: 2}
-          Later:
-            Type: AWS::SQS::Queue
-          Optional:
-            Type: AWS::SQS::Queue
-            Condition: Extra
-          Topic:
-            Type: AWS::SNS::Topic
+          A: {Type: "AWS::SQS::Queue", Properties: {RedrivePolicy: {deadLetterTargetArn: !GetAtt B.Arn}}}
+          B: {Type: "AWS::SQS::Queue", DependsOn: A}
         """,
     )
-    first = provision(template, Resolver(template), moto.endpoint_url)
-    second = provision(template, Resolver(template), moto.endpoint_url)
-    assert list(first) == ["Later", "Main"]  # dependency order; other types and false conditions skipped
-    assert first["Main"] != second["Main"]
-    assert "/sume-poller-Main-" in first["Main"]
-    sqs = aws_client("sqs", moto)
-    attrs = sqs.get_queue_attributes(QueueUrl=first["Main"], AttributeNames=["DelaySeconds"])
-    assert attrs["Attributes"]["DelaySeconds"] == "2"
-
-
-def test_moto_reset_forgets_resources(tmp_path: Path) -> None:
-    template = write_template(tmp_path, "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n")
-    with MotoServer() as server:
-        provision(template, Resolver(template), server.endpoint_url)
-        sqs = aws_client("sqs", server)
-        assert sqs.list_queues().get("QueueUrls")
-        server.reset()
-        assert not sqs.list_queues().get("QueueUrls")
-    assert not server.running
-
-
-# --------------------------------------------------------------------------------------------
-# Services
-# --------------------------------------------------------------------------------------------
-
-
-def _ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
-
-
-def test_free_port_is_bindable() -> None:
-    port = free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
-
-
-def test_redis_server_start_stop_restart() -> None:
-    server = RedisServer().start()  # `make setup` installs redis-server; a missing one fails here
-    try:
-        assert server.url == f"redis://127.0.0.1:{server.port}/0"
-        assert _ping(server.port)
-        pid = server.pid
-        server.stop()
-        assert not _ping(server.port)
-        server.restart()
-        assert server.pid != pid and _ping(server.port)
-    finally:
-        server.stop()
-    assert not server.running
-
-
-def test_service_on_a_taken_port_is_refused() -> None:
-    with RedisServer() as first:
-        with pytest.raises(ServiceError, match="already in use"):
-            RedisServer(port=first.port).start()
-        assert _ping(first.port)
-
-
-class BrokenRedis(RedisServer):
-    def _command(self) -> list[str]:
-        return [*super()._command(), "--no-such-option", "1"]
-
-
-def test_service_that_dies_reports_its_output() -> None:
-    server = BrokenRedis()
-    with pytest.raises(ServiceError, match="exited with code") as info:
-        server.start()
-    assert "output tail" in str(info.value)
-    assert "no-such-option" in str(info.value)
-    assert not server.running
-
-
-def test_missing_redis_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    import tools.services as services
-
-    monkeypatch.setattr(services.shutil, "which", lambda name: None)
-    monkeypatch.setattr(services.os, "access", lambda path, mode: False)
-    with pytest.raises(ServiceError, match="apt-get install redis-server"):
-        RedisServer().start()
+    with pytest.raises(ValueError, match="circular dependency: A -> B -> A"):
+        provision(template, Resolver(template), "http://aws.invalid")
+    assert aws_calls == []
 
 
 # --------------------------------------------------------------------------------------------
@@ -691,9 +823,7 @@ def test_python_api(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.delenv("AWS_REGION", raising=False)
     monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
-    env = prepare_environment(
-        spec, base={"PATH": "/bin", "GREETING": "parent", "AWS_ENDPOINT_URL": "http://x"}
-    )
+    env = prepare_environment(spec, base={"PATH": "/bin", "GREETING": "parent", "AWS_ENDPOINT_URL": "http://x"})
     assert env["GREETING"] == "hello"
     assert env["PATH"] == "/bin" and env["AWS_ENDPOINT_URL"] == "http://x"
     assert env["AWS_LAMBDA_FUNCTION_NAME"] == "Fn"
@@ -716,9 +846,7 @@ def test_python_api(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert failed.returncode == 1 and failed.payload["errorType"] == "RuntimeError"
 
 
-def test_timeout_backstop_kills_a_handler_that_holds_the_gil(
-    app_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_timeout_backstop_kills_a_handler_that_holds_the_gil(app_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import tools.local_invoke as local_invoke
 
     (app_dir / "fn" / "busy.py").write_text(

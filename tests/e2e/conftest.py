@@ -1,0 +1,36 @@
+"""The end-to-end tier: template.yaml built and deployed into ministack ONCE per test session
+(tools.stack.deployed.DeployedStack), with a real redis-server and the Sume simulator.
+
+``deployed_stack`` is that one stack; ``stack`` is the same stack reset to a clean state first
+(empty table, queues, Redis and simulator), for tests that run jobs.
+
+The clock runs 20x fast (TimeScale 0.05): a job older than JobMaxAgeSeconds=200 clock seconds
+times out after 10 real seconds. The read budget is small - 30 reads per clock minute, 10 per
+real second - so a burst of jobs makes it bind. The daily caps are off: on a compressed clock a
+day's budget is paced over 72 real minutes, and fan-out counts the day window's used burst as
+backlog (after a handful of reads it starts no chain and counts nothing for sweeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tools.stack.deployed import DeployedStack
+
+SCALE = 0.05
+PARAMETERS = {"JobMaxAgeSeconds": 200, "ReadsPerMinute": 30, "ReadsPerDay": 0, "CreatesPerMinute": 0,
+              "CreatesPerDay": 0}
+
+
+@pytest.fixture(scope="session")
+def deployed_stack() -> Iterator[DeployedStack]:
+    with DeployedStack(time_scale=SCALE, parameters=PARAMETERS, stack_name="sume-poller-e2e") as stack:
+        yield stack
+
+
+@pytest.fixture
+def stack(deployed_stack: DeployedStack) -> DeployedStack:
+    deployed_stack.reset()
+    return deployed_stack

@@ -1,0 +1,239 @@
+"""template.yaml deployed into ministack: wired as the template says, jobs end in every terminal
+status with exactly one event each, and every custom-metric alarm watches a metric the deployed
+functions really emit.
+
+Expected values come from the template itself, resolved with the parameters the stack was
+deployed with, so these tests follow the template rather than restate it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tools import ops
+from tools.stack.deployed import DeployedStack
+from tools.template import Resolver, function_spec, load_template
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "SumePoller"
+SERVICE = {"Name": "service", "Value": "sume-poller"}
+OUTCOMES = ("completed", "failed", "canceled", "expired")
+
+
+@pytest.fixture(scope="module")
+def template() -> Any:
+    return load_template("template.yaml")
+
+
+@pytest.fixture(scope="module")
+def resolver(template: Any, deployed_stack: DeployedStack) -> Resolver:
+    return Resolver(template, parameters=deployed_stack.parameters, region="us-east-1")
+
+
+def resources_of(template: Any, resolver: Resolver, resource_type: str) -> dict[str, Any]:
+    """Logical id -> resource, for the resources of a type whose Condition holds."""
+    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == resource_type
+            and (not r.get("Condition") or resolver.condition(r["Condition"]))}
+
+
+def prop(resolver: Resolver, resource: dict[str, Any], *path: str) -> Any:
+    value: Any = resource["Properties"]
+    for key in path:
+        value = value[key]
+    return resolver.resolve(value, ".".join(path))
+
+
+def submit(stack: DeployedStack, sim: dict[str, Any], kind: str = "image") -> str:
+    """A new job (its own prompt: the same params would replay one job by their idempotency key)."""
+    reply = stack.submit({"kind": kind, "params": {"prompt": f"e2e {uuid.uuid4().hex}", "sim": sim}})
+    assert reply["status"] == "submitted", reply
+    (job_id,) = reply["job_ids"]
+    return str(job_id)
+
+
+def alarm_metrics(template: Any, resolver: Resolver) -> dict[str, set[str]]:
+    """Alarm logical id -> the SumePoller metrics (service=sume-poller) it watches, metric math included."""
+    watched: dict[str, set[str]] = {}
+    for lid, alarm in resources_of(template, resolver, "AWS::CloudWatch::Alarm").items():
+        props = resolver.resolve(alarm["Properties"], lid)
+        metrics = [props] + [(m.get("MetricStat") or {}).get("Metric", {}) for m in props.get("Metrics", [])]
+        names = {m["MetricName"] for m in metrics if m.get("Namespace") == NAMESPACE}
+        for m in metrics:
+            if m.get("Namespace") == NAMESPACE:
+                assert m.get("Dimensions") == [SERVICE], f"{lid} watches {m['MetricName']} without service=sume-poller"
+        if names:
+            watched[lid] = names
+    return watched
+
+
+# -- wiring -------------------------------------------------------------------------------------------
+
+def test_functions_layer_and_event_source_are_deployed_as_the_template_says(
+        deployed_stack: DeployedStack, template: Any, resolver: Resolver) -> None:
+    lam = deployed_stack.client("lambda")
+    functions = resources_of(template, resolver, "AWS::Serverless::Function")
+    assert set(deployed_stack.functions) == set(functions)
+    for lid in functions:
+        spec = function_spec(template, lid, resolver)
+        config = lam.get_function_configuration(FunctionName=deployed_stack.functions[lid])
+        assert (config["Runtime"], config["Handler"], config["Timeout"], config["MemorySize"]) == (
+            spec.runtime, spec.handler, spec.timeout, spec.memory), lid
+        assert config["Architectures"] == spec.architectures, lid
+        assert [layer["Arn"] for layer in config["Layers"]] == [deployed_stack.outputs["SharedLayerArn"]], lid
+        variables = config["Environment"]["Variables"]
+        assert set(variables) == set(spec.environment), lid
+        for name in ("TIME_SCALE", "LOCAL_ENDPOINTS", "REDIS_URL", "JOBS_TABLE", "POLL_QUEUE_URL"):
+            assert variables[name] == {"JOBS_TABLE": deployed_stack.outputs["JobsTableName"],
+                                       "POLL_QUEUE_URL": deployed_stack.queue_url}.get(name, spec.environment[name])
+
+    poll_queue_arn = deployed_stack.client("sqs").get_queue_attributes(
+        QueueUrl=deployed_stack.queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    event = prop(resolver, functions["PollFunction"], "Events", "PollQueue", "Properties")
+    (mapping,) = lam.list_event_source_mappings(FunctionName=deployed_stack.functions["PollFunction"])[
+        "EventSourceMappings"]
+    assert mapping["EventSourceArn"] == poll_queue_arn
+    assert mapping["BatchSize"] == int(event["BatchSize"])
+    assert mapping["ScalingConfig"]["MaximumConcurrency"] == int(event["ScalingConfig"]["MaximumConcurrency"])
+    assert mapping["FunctionResponseTypes"] == event["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert mapping["State"] == "Enabled"
+
+
+def test_schedules_queues_table_bucket_and_alarms_are_deployed(
+        deployed_stack: DeployedStack, template: Any, resolver: Resolver) -> None:
+    c = deployed_stack.client
+    for lid in deployed_stack.schedules:
+        arn = c("lambda").get_function_configuration(FunctionName=deployed_stack.functions[lid])["FunctionArn"]
+        (rule,) = c("events").list_rule_names_by_target(TargetArn=arn)["RuleNames"]
+        described = c("events").describe_rule(Name=rule)
+        events = prop(resolver, template["Resources"][lid], "Events").values()
+        (expected,) = [e["Properties"]["Schedule"] for e in events if e["Type"] == "Schedule"]
+        assert (described["ScheduleExpression"], described["State"]) == (expected, "ENABLED"), lid
+    assert deployed_stack.schedules[0] == "FanOutFunction"
+
+    sqs = c("sqs")
+    queue = sqs.get_queue_attributes(QueueUrl=deployed_stack.queue_url, AttributeNames=["All"])["Attributes"]
+    dlq = sqs.get_queue_attributes(QueueUrl=deployed_stack.dlq_url, AttributeNames=["All"])["Attributes"]
+    poll_queue = template["Resources"]["PollQueue"]
+    assert queue["VisibilityTimeout"] == str(prop(resolver, poll_queue, "VisibilityTimeout"))
+    assert json.loads(queue["RedrivePolicy"]) == {
+        "deadLetterTargetArn": dlq["QueueArn"],
+        "maxReceiveCount": int(prop(resolver, poll_queue, "RedrivePolicy", "maxReceiveCount"))}
+    assert json.loads(dlq["RedriveAllowPolicy"])["redrivePermission"] == "allowAll"
+
+    table = c("dynamodb").describe_table(TableName=deployed_stack.outputs["JobsTableName"])["Table"]
+    jobs_table = template["Resources"]["JobsTable"]
+    assert table["KeySchema"] == prop(resolver, jobs_table, "KeySchema")
+    assert table["BillingModeSummary"]["BillingMode"] == prop(resolver, jobs_table, "BillingMode")
+    assert {(g["IndexName"], json.dumps(g["KeySchema"])) for g in table["GlobalSecondaryIndexes"]} == {
+        (g["IndexName"], json.dumps(g["KeySchema"])) for g in prop(resolver, jobs_table, "GlobalSecondaryIndexes")}
+    c("s3").head_bucket(Bucket=deployed_stack.outputs["ResultBucketName"])
+
+    physical = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in c("cloudformation").describe_stack_resources(
+        StackName=deployed_stack.stack_name)["StackResources"]}
+    deployed = {a["AlarmName"]: a for a in c("cloudwatch").describe_alarms()["MetricAlarms"]}
+    alarms = resources_of(template, resolver, "AWS::CloudWatch::Alarm")
+    for lid, alarm in alarms.items():
+        found = deployed[physical[lid]]
+        assert (found["Namespace"], found["MetricName"]) == (
+            prop(resolver, alarm, "Namespace"), prop(resolver, alarm, "MetricName")), lid
+    outputs = {name for name, o in template["Outputs"].items()
+               if not o.get("Condition") or resolver.condition(o["Condition"])}
+    assert outputs <= set(deployed_stack.outputs)
+
+
+# -- jobs -------------------------------------------------------------------------------------------
+
+def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(stack: DeployedStack) -> None:
+    jobs = {outcome: submit(stack, {"outcome": outcome, "duration": 3}) for outcome in OUTCOMES}
+    jobs["timed_out"] = submit(stack, {"duration": 100_000}, kind="video")
+
+    stack.drive(lambda: stack.settled(jobs.values()), timeout=60)
+    stack.drive(lambda: len(stack.events()) >= len(jobs) and stack.queue_depth() == 0, timeout=30)
+
+    records = {r["job_id"]: r for r in stack.records(jobs.values())}
+    assert {status: records[job]["status"] for status, job in jobs.items()} == {s: s for s in jobs}
+    assert Counter(e["job_id"] for e in stack.events()) == Counter(jobs.values())
+    for event in stack.events():
+        assert event["status"] == records[event["job_id"]]["status"]
+    assert records[jobs["completed"]]["result_json"]
+    assert stack.dlq_depth() == 0
+
+
+def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
+        stack: DeployedStack, template: Any, resolver: Resolver) -> None:
+    watched = alarm_metrics(template, resolver)
+    assert watched, "no alarm on a SumePoller metric: the template changed, update this test"
+
+    # A burst of jobs that outlive JobMaxAgeSeconds (10 real seconds): fan-out counts them
+    # pending, so sweeps run over them; their reads bind the small read budget; they time out.
+    burst = [submit(stack, {"duration": 100_000}, kind="video") for _ in range(24)]
+
+    def seen() -> set[str]:
+        return set(stack.metric_totals())
+
+    def wait_for(names: set[str], until: Callable[[], bool] = lambda: True) -> None:
+        try:
+            stack.drive(lambda: names <= seen() and until(), timeout=120, fanout_every=1)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
+
+    wait_for(set().union(*watched.values()) - {"SumeAuthFailed"}, lambda: stack.settled(burst))
+    assert {r["status"] for r in stack.records(burst)} == {"timed_out"}
+
+    # Last, as it pauses every read: Sume refuses the key for a job registered after the switch.
+    job_id = stack.sim.seed_job("image", {"duration": 100_000})
+    stack.sim.configure(api_key="sume_not_the_stored_key")
+    assert stack.submit({"kind": "image", "job_id": job_id})["status"] == "registered"
+    wait_for({"SumeAuthFailed"})
+
+    emitted = seen()
+    missing = {lid: sorted(names - emitted) for lid, names in watched.items() if names - emitted}
+    assert not missing, f"alarms on metrics no deployed function emitted: {missing}"
+
+
+# -- operator commands --------------------------------------------------------------------------------
+
+def test_make_status_reads_the_deployed_stack(stack: DeployedStack, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    done = [submit(stack, {"duration": 2}), submit(stack, {"outcome": "failed", "duration": 2})]
+    waiting = submit(stack, {"duration": 100_000})
+    stack.drive(lambda: stack.settled(done), timeout=60)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", stack.endpoint_url)
+    for name in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+
+    assert ops.main(["status", "--stack", stack.stack_name]) == 0
+
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert "pending 1" in lines and "terminal 2" in lines
+    assert "completed 1" in lines and "failed 1" in lines
+    assert any(line.startswith(f"oldest {waiting} (image)") for line in lines), lines
+    assert "dead-letter queue 0" in lines
+
+
+def test_redrive_starts_a_message_move_task_from_the_dlq_to_the_poll_queue(stack: DeployedStack) -> None:
+    # Neither moto nor ministack implements StartMessageMoveTask: the request is checked against
+    # botocore's Stubber, and the emulator's refusal is turned into a clear error.
+    import boto3
+    from botocore.stub import Stubber
+
+    sqs = boto3.session.Session(aws_access_key_id="x", aws_secret_access_key="x", region_name="us-east-1").client("sqs")
+    dlq_arn, queue_arn = "arn:aws:sqs:us-east-1:123456789012:dlq", "arn:aws:sqs:us-east-1:123456789012:poll"
+    with Stubber(sqs) as stub:
+        for url, arn in (("https://sqs/dlq", dlq_arn), ("https://sqs/poll", queue_arn)):
+            stub.add_response("get_queue_attributes", {"Attributes": {"QueueArn": arn}},
+                              {"QueueUrl": url, "AttributeNames": ["QueueArn"]})
+        stub.add_response("start_message_move_task", {"TaskHandle": "task-1"},
+                          {"SourceArn": dlq_arn, "DestinationArn": queue_arn, "MaxNumberOfMessagesPerSecond": 50})
+        assert ops.redrive(sqs, "https://sqs/dlq", "https://sqs/poll", max_per_second=50) == "task-1"
+        stub.assert_no_pending_responses()
+
+    with pytest.raises(ops.OpsError, match="does not implement SQS StartMessageMoveTask"):
+        ops.redrive(stack.client("sqs"), stack.dlq_url, stack.queue_url)

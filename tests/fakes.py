@@ -1,0 +1,344 @@
+"""In-process fakes of the poller's ports, for the unit tier only (no network).
+
+Each fake keeps the documented contract of the real part it stands for (the lease protocol of
+lease.py, the conditional writes of store.py, ...), in a few lines; the integration tier checks
+the real parts against the same contracts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from sume_poller.budget import Grant, RateInfo
+from sume_poller.clock import Clock
+from sume_poller.gate import Passage
+from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
+from sume_poller.lease import Claim, Step
+from sume_poller.queue import Outgoing
+from sume_poller.store import Ending, TerminalWrite
+from sume_poller.sume import Listing, Refused, Result, Retryable
+
+
+class FakeClock(Clock):
+    """A clock that moves only when told to."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        super().__init__(1.0, wall=lambda: self.t)
+        self.t = start
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeLease:
+    """The lease protocol of lease.py over a dict; ``down`` makes every call fail like Redis."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+        self.down = False
+        self.client = self
+
+    def _check(self) -> None:
+        if self.down:
+            raise RedisConnectionError("fake Redis is down")
+
+    def claim(self, job_id: str, step: Step, fresh: Step) -> Claim:
+        self._check()
+        value = self.values.get(job_id)
+        if value is None or value == fresh.claimed:
+            self.values[job_id] = fresh.claimed
+            return Claim.FRESH
+        token, _, rest = value.partition(":")
+        seq = int(rest.split("!")[0].rstrip("*"))
+        if value in (step.resting, step.resting + "*", step.claimed) or (token == step.token and seq < step.seq):
+            self.values[job_id] = step.claimed
+            return Claim.OWN
+        return Claim.HELD
+
+    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
+        self._check()
+        if self.values.get(job_id) in (step.claimed, step.next_resting):
+            self.values[job_id] = step.next_resting
+            return True
+        return False
+
+    def release(self, job_id: str, value: str) -> bool:
+        self._check()
+        if self.values.get(job_id) in (value, None):
+            self.values.pop(job_id, None)
+            return True
+        return False
+
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> tuple[str, int] | None:
+        self._check()
+        value = self.values.get(job_id)
+        if value is None:
+            self.values[job_id] = f"{fresh_token}:0*"
+            return fresh_token, 0
+        if "!" in value or value.endswith("*"):
+            return None
+        token, seq = value.split(":")
+        self.values[job_id] = f"{token}:{int(seq) + 1}*"
+        return token, int(seq) + 1
+
+    # the few plain Redis commands the webhook uses for event ids
+    def exists(self, key: str) -> int:
+        self._check()
+        return int(key in self.values)
+
+    def set(self, key: str, value: str, ex: int | None = None) -> bool:
+        self._check()
+        self.values[key] = value
+        return True
+
+    prefix = "t:"
+
+    def start(self, job_id: str, token: str, ttl_ms: int) -> bool:
+        self._check()
+        if self.values.get(job_id) in (None, f"{token}:0"):
+            self.values[job_id] = f"{token}:0"
+            return True
+        return False
+
+
+class FakeBudget:
+    """Grants every read now unless told otherwise (``grants``: the next answers, in order)."""
+
+    def __init__(self) -> None:
+        self.grants: list[Grant] = []
+        self.feedback_seen: list[RateInfo] = []
+        self.key_paused_for: float | None = None
+        self.unlimited = False
+        self.per_minute = 120
+        self.rate = 2.0
+        self.takes = 0
+        self.pending = 0
+        self.patience: list[float] = []
+
+    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant:
+        self.takes += 1
+        self.patience.append(max_wait)
+        return self.grants.pop(0) if self.grants else Grant(True, 0.0)
+
+    def state(self) -> dict[str, float]:
+        return {"n": float(self.pending)}
+
+    def feedback(self, info: RateInfo) -> None:
+        self.feedback_seen.append(info)
+
+    def pause_key(self, seconds: float) -> None:
+        self.key_paused_for = seconds
+
+
+class FakeGate:
+    def __init__(self, lease: FakeLease, budget: FakeBudget) -> None:
+        self.lease = lease
+        self.budget = budget
+
+    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
+              max_wait: float = math.inf, slot: float = 0.0) -> Passage:
+        claim = self.lease.claim(job_id, step, fresh)
+        if claim is Claim.HELD or mode == "none":
+            return Passage(claim)
+        return Passage(claim, self.budget.take(mode, max_wait, slot))
+
+
+class FakePacer:
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def take(self) -> float:
+        return self.waits.pop(0) if self.waits else 0.0
+
+
+@dataclass
+class FakeSume:
+    """Scripted replies per job: ``status[job]`` and ``result[job]`` are lists consumed in order
+    (the last one repeats); every call is recorded."""
+
+    status: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    result: dict[str, list[Any]] = field(default_factory=lambda: defaultdict(list))
+    listing: list[Any] = field(default_factory=list)
+    creates: list[Any] = field(default_factory=list)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+
+    @staticmethod
+    def _next(script: list[Any]) -> Any:
+        return script.pop(0) if len(script) > 1 else script[0]
+
+    def get_status(self, job_id: str, budget: float | None = None) -> Any:
+        self.calls.append(("status", job_id))
+        return self._next(self.status[job_id])
+
+    def get_result(self, job_id: str, budget: float | None = None) -> Any:
+        self.calls.append(("result", job_id))
+        return self._next(self.result[job_id]) if self.result[job_id] else Result({"url": "u"})
+
+    def list_jobs(self, **kwargs: Any) -> Any:
+        self.calls.append(("list", ""))
+        return self._next(self.listing) if self.listing else Listing((), None, False)
+
+    def create(self, kind: str, params: Any, idempotency_key: str, budget: float | None = None) -> Any:
+        self.calls.append(("create", idempotency_key))
+        return self._next(self.creates)
+
+    def reads(self, kind: str, job_id: str | None = None) -> int:
+        return sum(1 for k, j in self.calls if k == kind and (job_id is None or j == job_id))
+
+
+class FakeStore:
+    """The job table's conditional semantics over a dict."""
+
+    def __init__(self, shards: int = 8) -> None:
+        self.shards = shards
+        self.records: dict[str, dict[str, Any]] = {}
+        self.observations: dict[str, dict[str, tuple[float, float | None, float]]] = defaultdict(dict)
+        self.down = False
+
+    def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int, profile: str | None = None,
+                    chain_due_at: float | None = None, extra: dict[str, Any] | None = None) -> bool:
+        if job_id in self.records:
+            return False
+        self.records[job_id] = {"job_id": job_id, "kind": kind, "profile": profile or kind, "status": PENDING,
+                                "pending_shard": shard_of(job_id, self.shards), "deadline_at": deadline_at,
+                                "submitted_at": int(now), "chain_due_at": chain_due_at, **(extra or {})}
+        return True
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        record = self.records.get(job_id)
+        return dict(record) if record else None
+
+    def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {j: dict(self.records[j]) for j in job_ids if j in self.records}
+
+    def _pending(self, job_id: str) -> bool:
+        return str(self.records.get(job_id, {}).get("pending_shard", "")).startswith(PENDING_PREFIX)
+
+    def record_terminal(self, job_id: str, outcome: Ending, *, now: float) -> TerminalWrite:
+        if not self._pending(job_id):
+            return TerminalWrite(False, self.get(job_id))
+        record = self.records[job_id]
+        record.update(status=outcome.status, terminal_at=int(now), event_pending=True, sume_status=outcome.sume_status,
+                      error=outcome.error, status_reads=outcome.status_reads, result_reads=outcome.result_reads,
+                      reads=outcome.status_reads + outcome.result_reads, seen_running_at=outcome.seen_running_at,
+                      seen_terminal_at=outcome.seen_terminal_at,
+                      pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX))
+        if outcome.has_result:
+            record["result"] = outcome.result
+        return TerminalWrite(True, dict(record))
+
+    def clear_outbox(self, job_id: str, *, now: float) -> bool:
+        record = self.records.get(job_id, {})
+        if not record.pop("event_pending", None):
+            return False
+        record.pop("pending_shard", None)
+        return True
+
+    def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
+        record = self.records.get(job_id)
+        if record is None or not self._pending(job_id):
+            return TerminalWrite(False, self.get(job_id))
+        if record.get("fence_token") == token and record.get("fence_seq", 0) > seq:
+            return TerminalWrite(False, self.get(job_id))
+        record.update(fence_token=token, fence_seq=seq + 1, chain_due_at=now + hold)
+        return TerminalWrite(True)
+
+    def set_chain_due(self, job_id: str, due_at: float) -> None:
+        if self._pending(job_id):
+            self.records[job_id]["chain_due_at"] = due_at
+
+    def put_observation(self, profile: str, job_id: str, lower: float, upper: float | None, at: float) -> None:
+        self.observations[profile][job_id] = (lower, upper, at)
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.fail_next = 0
+
+    def put_terminal(self, job_id: str, record: dict[str, Any]) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("PutEvents failed")
+        self.events.append((job_id, record))
+
+
+class FakeQueue:
+    """PollQueue's sending side; ``refuse`` makes the next sends fail."""
+
+    max_delay = 900.0
+
+    def __init__(self) -> None:
+        self.sent: list[Outgoing] = []
+        self.refuse = 0
+
+    def send(self, messages: Any) -> set[str]:
+        unsent = set()
+        for m in messages:
+            if self.refuse:
+                self.refuse -= 1
+                unsent.add(m.key)
+            else:
+                self.sent.append(m)
+        return unsent
+
+
+def status(name: str, hint: float | None = None, rate: RateInfo | None = None) -> Any:
+    """A Pending reply (helper for scripts)."""
+    from sume_poller.sume import Pending
+    return Pending(name, hint, rate=rate or RateInfo())
+
+
+def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None) -> Any:
+    from sume_poller.sume import Terminal
+    return Terminal(status_, status_, ready, error)
+
+
+def refused(why: str, http_status: int) -> Refused:
+    return Refused(why, http_status, code=why)
+
+
+def retry(http_status: int = 503, retry_after: float | None = None) -> Retryable:
+    return Retryable(f"http_{http_status}", retry_after, http_status)
+
+
+Hook = Callable[[str, str], None]
+
+
+class FakeCoverage:
+    """CoverageStore's contract over dicts (see coverage.py)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, str] = {}
+        self.found_at: dict[str, dict[str, float]] = defaultdict(dict)
+
+    def found(self, kind: str, job_id: str, at: float) -> None:
+        self.found_at[kind][job_id] = at
+
+    def state(self) -> dict[str, str]:
+        return dict(self.fields)
+
+    def update(self, **fields: Any) -> None:
+        self.fields.update({k: str(v) for k, v in fields.items()})
+
+    def fail(self, route: str, retry_at: float) -> None:
+        self.update(route=route, route_until=retry_at, healthy_until=0)
+
+    def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float) -> dict[str, tuple[int, int]]:
+        verdicts = {}
+        for kind in {*listed, *self.found_at}:
+            found = self.found_at[kind]
+            hits = [j for j in found if j in listed.get(kind, set())]
+            misses = [j for j, at in found.items() if j not in listed.get(kind, set()) and at < swept_from - lag]
+            for j in hits + misses:
+                del found[j]
+            covered = 0 if misses else int(self.fields.get(f"cov:{kind}", 0)) + len(hits)
+            self.fields[f"cov:{kind}"] = str(covered)
+            verdicts[kind] = (len(hits), len(misses))
+        return verdicts

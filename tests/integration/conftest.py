@@ -1,0 +1,63 @@
+"""Fixtures of the integration tier: real redis-server and moto server, started by the tests themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from sume_poller.aws import reset_session
+from tools.services import MotoServer, RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def rdb(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[MotoServer]:
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """moto server as the AWS endpoint for boto3 in this process, reset after the test."""
+    for name, value in {"AWS_ENDPOINT_URL": moto_server.endpoint_url, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(name, value)
+    reset_session()
+    yield moto_server.endpoint_url
+    moto_server.reset()
+    reset_session()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fault-suite figures: each xdist worker leaves its rows; the controller writes the table."""
+    import json
+    import os
+
+    from invariants import FIGURES, FIGURES_PATH, write_figures
+
+    rows_dir = FIGURES_PATH.parent / "fault-figures.d"
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        if FIGURES:
+            rows_dir.mkdir(parents=True, exist_ok=True)
+            (rows_dir / f"{worker}.json").write_text(json.dumps(FIGURES))
+        return
+    for path in sorted(rows_dir.glob("*.json")) if rows_dir.exists() else []:
+        FIGURES.extend(json.loads(path.read_text()))
+        path.unlink()
+    write_figures()

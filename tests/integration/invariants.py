@@ -1,0 +1,109 @@
+"""What every fault scenario must leave true, checked on the local stack once it has settled.
+
+* every job is recorded exactly once, terminal, out of the pending index, its outbox done;
+* exactly one terminal event per job id (distinct ``event_id``);
+* status reads stay within the simulator's minimum (a client obeying every hint) plus the
+  faults the scenario injected for that job, plus one; no status read after Sume already
+  answered with the job's terminal status (beyond those faults);
+* the dead-letter queue holds only poison (bodies that fail to parse).
+
+Each check records a figures row; the rows are written to ``.scratch/fault-figures.md`` at the
+end of the session (see conftest.py) for the README's Guarantees table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sume_poller.messages import MessageError, parse_message
+
+FIGURES: list[dict[str, Any]] = []
+FIGURES_PATH = Path(__file__).resolve().parents[2] / ".scratch" / "fault-figures.md"
+
+
+class Crash(BaseException):
+    """What a crash hook raises: not an Exception, so nothing in the handler swallows it."""
+
+
+@dataclass
+class Verdict:
+    scenario: str
+    jobs: int
+    by_status: dict[str, int]
+    status_reads: int
+    min_reads: int
+    result_reads: int
+    events: int
+    dlq_poison: int
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reads_per_minimum(self) -> float:
+        return self.status_reads / self.min_reads if self.min_reads else float("nan")
+
+
+def is_poison(body: str) -> bool:
+    try:
+        parse_message(body)
+    except MessageError:
+        return True
+    return False
+
+
+def check(stack: Any, job_ids: Iterable[str], *, scenario: str, allowance: int | Mapping[str, int] = 0,
+          expected: Mapping[str, str] | str | None = None, notes: str = "", **extra: Any) -> Verdict:
+    """Assert the invariants for ``job_ids`` on ``stack`` (settled) and record a figures row."""
+    ids = list(dict.fromkeys(job_ids))
+    records = stack.table.batch_get(ids)
+    problems: list[str] = []
+    for job_id in ids:
+        record = records.get(job_id)
+        want = expected.get(job_id) if isinstance(expected, Mapping) else expected
+        if record is None:
+            problems.append(f"{job_id}: not recorded")
+        elif record.get("status") == "pending" or "pending_shard" in record or record.get("event_pending"):
+            problems.append(f"{job_id}: not finished: {record}")
+        elif want is not None and record.get("status") != want:
+            problems.append(f"{job_id}: {record.get('status')} instead of {want}")
+    events = [e for e in stack.events() if e.get("job_id") in set(ids)]
+    distinct = Counter(e["job_id"] for e in {e["event_id"]: e for e in events}.values())
+    problems += [f"{j}: {distinct[j]} distinct terminal events" for j in ids if distinct[j] != 1]
+    sim = stack.sim.stats()["jobs"]
+    for job_id in ids:
+        reads = sim.get(job_id)
+        if reads is None or reads.get("min_reads") is None:
+            continue
+        allowed = allowance.get(job_id, 0) if isinstance(allowance, Mapping) else allowance
+        if reads["status_reads"] > reads["min_reads"] + allowed + 1:
+            problems.append(f"{job_id}: {reads['status_reads']} status reads > minimum {reads['min_reads']} "
+                            f"+ {allowed} faults + 1")
+        if reads.get("status_reads_after_terminal", 0) > allowed:
+            problems.append(f"{job_id}: {reads['status_reads_after_terminal']} status reads after Sume said terminal")
+    dlq = stack.dlq_bodies()
+    problems += [f"not poison in the DLQ: {body[:120]}" for body in dlq if not is_poison(body)]
+    assert not problems, f"{scenario}: " + "\n".join(problems[:25])
+    ours = [sim[j] for j in ids if j in sim and sim[j].get("min_reads") is not None]
+    verdict = Verdict(scenario, len(ids), dict(Counter(str(r.get("status")) for r in records.values())),
+                      sum(r["status_reads"] for r in ours), sum(r["min_reads"] for r in ours),
+                      sum(r["result_reads"] for r in ours), len(events), len(dlq), notes, extra)
+    FIGURES.append({**asdict(verdict), "reads_per_minimum": round(verdict.reads_per_minimum, 3)})
+    return verdict
+
+
+def write_figures(path: Path = FIGURES_PATH) -> None:
+    if not FIGURES:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["| scenario | jobs | outcomes | status reads / minimum | result reads | events | DLQ poison | notes |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in FIGURES:
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(row["by_status"].items()))
+        lines.append(f"| {row['scenario']} | {row['jobs']} | {outcomes} | {row['status_reads']} / "
+                     f"{row['min_reads']} = {row['reads_per_minimum']} | {row['result_reads']} | {row['events']} "
+                     f"| {row['dlq_poison']} | {row['notes']} |")
+    path.write_text("\n".join(lines) + "\n")

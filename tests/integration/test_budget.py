@@ -1,0 +1,203 @@
+"""The shared budget (budget.py) and the gate (gate.py) on a real redis-server, on a virtual clock:
+both windows at once, reservations, feedback from Sume's headers, pauses, concurrency."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import Counter
+
+import pytest
+import redis
+
+from sume_poller.budget import Budget, LocalPacer, RateInfo
+from sume_poller.gate import ReadGate
+from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+
+pytestmark = pytest.mark.integration
+
+
+class VirtualClock:
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.t = start
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.t
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.t += seconds
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+def budget(rdb: redis.Redis, clock: VirtualClock, per_minute: int = 120, per_day: int = 0) -> Budget:
+    return Budget(rdb, "t:budget:reads", per_minute, per_day, clock, early=0.0)
+
+
+def grants_per_window(times: list[float], window: float) -> Counter[int]:
+    return Counter(int(t // window) for t in times)
+
+
+def drive(b: Budget, clock: VirtualClock, seconds: float, step: float = 0.05) -> list[float]:
+    """Demand far above the budget: a reader asks every ``step`` seconds and reads when granted now."""
+    reads: list[float] = []
+    end = clock() + seconds
+    while clock() < end:
+        grant = b.take(max_wait=0.0)
+        if grant.now:
+            reads.append(clock())
+        clock.advance(step)
+    return reads
+
+
+def test_sustained_demand_fills_a_minute_window_but_never_overfills_it(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    windows = grants_per_window(drive(b, clock, 600), 60)
+    full = [n for w, n in windows.items() if w not in (min(windows), max(windows))]
+    assert max(windows.values()) <= 120
+    assert min(full) >= 0.95 * 120, windows
+
+
+def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120, per_day=2_000)
+    reads = drive(b, clock, 3 * 86_400, step=20.0)
+    days = grants_per_window(reads, 86_400)
+    minutes = grants_per_window(reads, 60)
+    assert max(minutes.values()) <= 120
+    assert max(days.values()) <= 2_000
+    assert min(n for d, n in days.items() if d not in (min(days), max(days))) >= 0.95 * 2_000, days
+
+
+def test_a_reservation_names_the_slot_and_spaces_the_next_ones(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=61)  # 58 per minute after burst and spare: one slot every 60/58 s
+    first = [b.take() for _ in range(4)]
+    assert first[0].now and first[1].now  # the burst of one
+    waits = [g.wait for g in first[2:]]
+    assert waits[0] == pytest.approx(60 / 58, abs=0.01)
+    assert waits[1] - waits[0] == pytest.approx(60 / 58, abs=0.01)
+
+
+def test_a_slot_further_than_max_wait_is_refused_and_reserves_nothing(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=30)
+    while b.take(max_wait=0.0).now:
+        pass
+    before = b.state()["tm"]
+    refused = b.take(max_wait=0.5)
+    assert not refused.granted and refused.wait > 0.5
+    assert b.state()["tm"] == before
+
+
+def test_a_429_pauses_every_reader_until_retry_after(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock)
+    b.feedback(RateInfo(retry_after=30.0))
+    grant = b.take()
+    assert grant.granted and grant.wait == pytest.approx(30.0, abs=0.01)
+    clock.advance(30.0)
+    assert b.take(mode="confirm", slot=clock()).now
+
+
+def test_a_reserved_slot_is_void_when_sume_s_window_ran_out_meanwhile(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """Another client of the key spent the window: Sume says 0 remain for 40 s. A message that
+    comes back for its earlier reservation is sent behind the reset instead of collecting a 429."""
+    b = budget(rdb, clock)
+    reserved = clock() + 5
+    b.feedback(RateInfo(limit=120, remaining=0, reset=40.0))
+    clock.advance(5)
+    confirm = b.take(mode="confirm", slot=reserved)
+    assert confirm.granted and confirm.wait >= 35.0 - 0.01
+
+
+def test_another_client_of_the_key_is_noticed_and_a_read_kept_in_reserve(rdb: redis.Redis,
+                                                                         clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    b.feedback(RateInfo(limit=120, remaining=50, reset=30.0))
+    for _ in range(5):  # our own reads, each at its slot: 45 left by our count
+        clock.advance(b.take().wait)
+        assert b.take(mode="confirm", slot=clock()).now
+    b.feedback(RateInfo(limit=120, remaining=40, reset=29.0))  # Sume says 40: someone else spent 5
+    assert b.state()["ox"] > clock() * 1000
+    b.feedback(RateInfo(limit=120, remaining=1, reset=20.0))
+    assert b.take(mode="confirm", slot=clock()).wait >= 20.0 - 0.01  # the last read stays in reserve
+
+
+def test_low_remaining_slows_every_reader_down_to_fit_the_window(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    b.feedback(RateInfo(limit=120, remaining=10, reset=30.0))
+    reads = drive(b, clock, 30.0, step=0.01)
+    assert len(reads) <= 10 + 1
+
+
+def test_the_limit_sume_announces_replaces_a_larger_configured_one(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    b.feedback(RateInfo(limit=40, remaining=39, reset=60.0, policy=((60, 40), (86_400, 10_000))))
+    windows = grants_per_window(drive(b, clock, 300), 60)
+    assert max(windows.values()) <= 40
+
+
+def test_a_rejected_key_pauses_reads_key_wide(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock)
+    b.pause_key(300)
+    grant = b.take(max_wait=10)
+    assert not grant.granted and grant.key_paused and grant.wait == pytest.approx(300, abs=0.01)
+
+
+def test_many_concurrent_pollers_never_exceed_a_window(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=60)
+    reads: list[float] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def poller() -> None:
+        mine = Budget(redis.Redis(connection_pool=rdb.connection_pool), b.key, 60, 0, clock, early=0.0)
+        while not stop.is_set():
+            if mine.take(max_wait=0.0).now:
+                with lock:
+                    reads.append(clock())
+
+    threads = [threading.Thread(target=poller) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for _ in range(600):  # ten virtual minutes in 1 s steps while eight pollers hammer the limiter
+        clock.advance(1.0)
+    stop.set()
+    for t in threads:
+        t.join(timeout=10)
+    windows = grants_per_window(reads, 60)
+    assert max(windows.values()) <= 60, windows
+
+
+def test_unlimited_budget_never_touches_redis(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=0)
+    assert b.take().now and math.isinf(b.rate)
+    assert rdb.exists(b.key) == 0
+
+
+def test_local_pacer_gives_each_container_its_share() -> None:
+    clock = VirtualClock()
+    pacer = LocalPacer(rate=2.0, share=4, now=clock)  # 2 reads/s shared by 4 containers: 1 per 2 s each
+    assert [pacer.take() for _ in range(3)] == [0.0, 2.0, 4.0]
+
+
+def test_the_gate_claims_and_takes_in_one_script_and_skips_the_take_when_the_claim_fails(
+        rdb: redis.Redis, clock: VirtualClock) -> None:
+    lease = LeaseStore(rdb, "t:lease:")
+    b = budget(rdb, clock, per_minute=120)
+    gate = ReadGate(lease, b, cluster=False)
+    token = new_token()
+    lease.start("job_g", token, 60_000)
+    step = Step(token, 0, new_nonce())
+    passage = gate.enter("job_g", step, Step(new_token(), 0, step.nonce), 60_000)
+    assert passage.claim is Claim.OWN and passage.grant is not None and passage.grant.now
+    tat = b.state()["tm"]
+    dup = Step(token, 0, new_nonce())
+    refused = gate.enter("job_g", dup, Step(new_token(), 0, dup.nonce), 60_000)
+    assert refused.claim is Claim.HELD and refused.grant is None
+    assert b.state()["tm"] == tat  # a refused claim spends no budget
+    hop = gate.enter("job_h", step, Step(new_token(), 0, step.nonce), 60_000, mode="none")
+    assert hop.claim is Claim.FRESH and hop.grant is None

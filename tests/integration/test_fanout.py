@@ -1,0 +1,109 @@
+"""Fan-out (fanout.py) on real Redis and moto: the outbox first, every partition served from a cursor
+under a backlog, no job sent twice, no more starts than the budget can serve, nothing while
+Redis is down."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+
+import boto3
+import pytest
+import redis
+
+from sume_poller.budget import Budget
+from sume_poller.clock import Clock
+from sume_poller.fanout import FanOut
+from sume_poller.lease import LeaseStore
+from sume_poller.queue import PollQueue
+from sume_poller.settings import FanOutSettings
+from sume_poller.store import Ending, JobStore
+from tools.services import RedisServer
+
+pytestmark = pytest.mark.integration
+NOW = Clock().now()
+
+
+@pytest.fixture
+def parts(aws: str, rdb: redis.Redis, redis_server: RedisServer) -> Iterator[dict[str, object]]:
+    ddb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    ddb.create_table(
+        TableName="jobs", BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"},
+                              {"AttributeName": "pending_shard", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=[{"IndexName": "pending", "Projection": {"ProjectionType": "ALL"},
+                                 "KeySchema": [{"AttributeName": "pending_shard", "KeyType": "HASH"},
+                                               {"AttributeName": "job_id", "KeyType": "RANGE"}]}])
+    url = sqs.create_queue(QueueName="poll")["QueueUrl"]
+    env = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": url, "REDIS_URL": redis_server.url, "LOCAL_ENDPOINTS": "true",
+           "PENDING_SHARDS": "4", "READS_PER_MINUTE": "25", "READS_PER_DAY": "0", "START_LEASE_SECONDS": "600"}
+    settings = FanOutSettings.from_env(env)
+    clock = settings.common.clock
+    yield {"settings": settings, "store": JobStore("jobs", 4), "queue": PollQueue(url, clock),
+           "lease": LeaseStore(rdb, "t:"), "budget": Budget(rdb, "t:!budget:reads", 25, 0, clock.now), "sqs": sqs,
+           "url": url}
+
+
+def tick(parts: dict[str, object]) -> FanOut:
+    fanout = FanOut(parts["settings"], parts["store"], parts["queue"], parts["lease"], parts["budget"],  # type: ignore[arg-type]
+                    lambda: 50_000)
+    fanout.run()
+    return fanout
+
+
+def queued(parts: dict[str, object]) -> Counter[str]:
+    sqs, url = parts["sqs"], parts["url"]
+    seen: Counter[str] = Counter()
+    while True:
+        reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)  # type: ignore[attr-defined]
+        if not reply.get("Messages"):
+            return seen
+        seen.update(json.loads(m["Body"])["job_id"] for m in reply["Messages"])
+
+
+def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_twice(parts: dict[str, object]) -> None:
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    for i in range(70):
+        store.put_pending(f"job_{i:03d}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
+    for i in range(3):  # terminal jobs whose event was never published (their message went to the DLQ)
+        store.put_pending(f"done_{i}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
+        store.record_terminal(f"done_{i}", Ending("failed"), now=NOW)
+    reports = [tick(parts).report for _ in range(4)]
+    assert reports[0].outbox_sent == 3  # the outbox first, every tick (it costs no read)
+    per_tick = [r.started for r in reports]
+    assert per_tick[:3] == [23, 23, 23] and sum(per_tick) == 70  # 25/min less burst and spare, per 60 s tick
+    sent = queued(parts)
+    assert {j: n for j, n in sent.items() if j.startswith("job_") and n != 1} == {}
+    assert len([j for j in sent if j.startswith("job_")]) == 70
+    assert reports[3].round_complete and reports[0].pending_counted == 70
+
+
+def test_a_job_whose_chain_runs_without_its_lease_is_left_to_it(parts: dict[str, object]) -> None:
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    store.put_pending("job_outage", "image", now=NOW, deadline_at=int(NOW) + 3_600, chain_due_at=NOW + 120)
+    store.put_pending("job_dead", "image", now=NOW, deadline_at=int(NOW) + 3_600, chain_due_at=NOW - 5)
+    report = tick(parts).report
+    assert report.started == 1 and report.skipped_unleased_chain == 1
+    assert set(queued(parts)) == {"job_dead"}
+
+
+def test_nothing_is_started_while_redis_is_down(parts: dict[str, object], redis_server: RedisServer) -> None:
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    store.put_pending("job_1", "image", now=NOW, deadline_at=int(NOW) + 3_600)
+    redis_server.stop()
+    try:
+        report = tick(parts).report
+    finally:
+        redis_server.start()
+    assert report.redis_unavailable and report.started == 0 and queued(parts) == Counter()
+
+
+def test_a_fraction_of_a_start_left_ends_the_tick(parts: dict[str, object]) -> None:
+    """Regression: with 0.9 of a start left the tick re-read the same page until its timeout."""
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    for i in range(30):
+        store.put_pending(f"job_{i:03d}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
+    fanout = tick(parts)
+    assert fanout.report.started == 23 and fanout.report.pages < 10 and not fanout.report.stopped_early

@@ -1,0 +1,90 @@
+"""The fault suite, chains: a poller dying at each step, every message delivered twice, stale copies
+of old steps - on the whole system (in-process stack: real handlers, redis-server, moto server, the
+Sume simulator) on a compressed clock (TimeScale 0.02: a clock minute lasts 1.2 real seconds).
+After each scenario :func:`invariants.check` verifies the whole promise and records a figures row.
+Leases here free 2 real seconds after a crash; SQS's visibility timeout after a crashed invocation
+(180 s in the template, above the claim's TTL) is fast-forwarded once the claim has expired."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from invariants import Crash, check
+from scenario import FAST_LEASES, NO_CREATE_BUDGET, run, stack_fixtures, status_reads, submit
+
+from tools.stack.inprocess import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+SCALE = 0.02
+JOBS = 12
+CLAIM_TTL_REAL = 2.0
+module_stack, stack = stack_fixtures(SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300}, FAST_LEASES)
+
+
+# == crashes, duplicates, stale copies ==========================================================
+@pytest.mark.parametrize("step", ["claimed", "read", "rested", "result", "written", "published", "released",
+                                  "sent"])
+def test_a_poller_dying_at_any_step_loses_nothing(stack: InProcessStack, step: str) -> None:
+    """Each job's poller dies once, at ``step``; the batch is delivered again only after the claim
+    expired (as SQS's visibility timeout does), and fan-out restarts chains whose lease ran out."""
+    ids = submit(stack, 10, {"duration": 150, "steps": 2})
+    crashed: set[str] = set()
+
+    def hook(name: str, job_id: str) -> None:
+        if name == step and job_id not in crashed:
+            crashed.add(job_id)
+            raise Crash(f"{step} {job_id}")
+
+    stack.step_hook = hook
+    stack.fast_retry = False
+    waiting: list[tuple[float, list[dict[str, Any]]]] = []
+    deadline = time.monotonic() + 90
+    next_tick = time.monotonic()
+    while not stack.settled(ids):
+        assert time.monotonic() < deadline, stack.pending_summary(ids)
+        if time.monotonic() >= next_tick:
+            stack.run_schedules()
+            next_tick = time.monotonic() + 1.0
+        for at, messages in [w for w in waiting if w[0] <= time.monotonic()]:
+            stack.make_visible(messages)
+            waiting.remove((at, messages))
+        messages = stack.receive()
+        if messages and stack.deliver(messages).crash is not None:
+            waiting.append((time.monotonic() + CLAIM_TTL_REAL + 0.5, messages))
+        elif not messages:
+            time.sleep(0.05)
+    assert crashed, f"no job reached {step}"
+    check(stack, ids, scenario=f"poller dies at '{step}'", allowance=2,
+          notes=f"{len(crashed)} crashes; recovered by redelivery after the claim TTL and by fan-out")
+
+
+def test_every_message_delivered_twice_costs_no_read(stack: InProcessStack) -> None:
+    ids = submit(stack, JOBS, {"duration": 150, "steps": 3})
+    run(stack, ids, duplicate=True)
+    check(stack, ids, scenario="every message delivered twice")
+    assert stack.outcomes["contention"] > 0
+
+
+def test_a_stale_copy_of_an_old_step_reads_nothing(stack: InProcessStack) -> None:
+    ids = submit(stack, 5, {"duration": 250, "steps": 4})
+    bodies: list[str] = []
+    while len(bodies) < 10:
+        messages = stack.receive()
+        bodies += [m["Body"] for m in messages]
+        if messages:
+            stack.deliver(messages)
+    reads = status_reads(stack, ids)
+    for body in bodies:  # every old step comes back, long after its chain moved on
+        stack.send(body)
+    delivered = 0
+    while delivered < len(bodies):
+        messages = stack.receive()
+        delivered += sum(1 for m in messages if m["Body"] in bodies)
+        if messages:
+            stack.deliver(messages)
+    assert status_reads(stack, ids) - reads <= len(ids)  # only the chains' own due steps read
+    run(stack, ids)
+    check(stack, ids, scenario="stale copies of old steps", notes=f"{len(bodies)} stale copies dropped")

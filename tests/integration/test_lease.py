@@ -1,0 +1,129 @@
+"""The lease protocol (lease.py) on a real redis-server: every operation, its repeat after a lost
+reply, duplicates, stale chains and sweeps."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+
+pytestmark = pytest.mark.integration
+TTL = 60_000
+
+
+@pytest.fixture
+def lease(rdb: redis.Redis) -> LeaseStore:
+    return LeaseStore(rdb, prefix="t:lease:")
+
+
+def steps(seq: int = 0) -> tuple[Step, Step]:
+    nonce = new_nonce()
+    return Step(new_token(), seq, nonce), Step(new_token(), 0, nonce)
+
+
+def test_a_chain_walks_start_claim_rest_claim_release(lease: LeaseStore, rdb: redis.Redis) -> None:
+    token = new_token()
+    assert lease.start("job_a", token, TTL)
+    first = Step(token, 0, new_nonce())
+    assert lease.claim("job_a", first, Step(new_token(), 0, first.nonce), TTL) is Claim.OWN
+    assert rdb.get("t:lease:job_a") == first.claimed
+    assert lease.rest("job_a", first, TTL)
+    assert rdb.get("t:lease:job_a") == f"{token}:1"
+    second = Step(token, 1, new_nonce())
+    assert lease.claim("job_a", second, Step(new_token(), 0, second.nonce), TTL) is Claim.OWN
+    assert lease.release("job_a", second.claimed)
+    assert rdb.get("t:lease:job_a") is None
+
+
+def test_every_operation_is_safe_to_repeat(lease: LeaseStore, rdb: redis.Redis) -> None:
+    """What redis-py does after a timeout: send the same script again, which may already have run."""
+    token = new_token()
+    assert lease.start("job_r", token, TTL) and lease.start("job_r", token, TTL)
+    step = Step(token, 0, new_nonce())
+    fresh = Step(new_token(), 0, step.nonce)
+    assert lease.claim("job_r", step, fresh, TTL) is Claim.OWN
+    assert lease.claim("job_r", step, fresh, TTL) is Claim.OWN
+    assert lease.rest("job_r", step, TTL) and lease.rest("job_r", step, TTL)
+    nxt = Step(token, 1, new_nonce())
+    assert lease.claim("job_r", nxt, Step(new_token(), 0, nxt.nonce), TTL) is Claim.OWN
+    assert lease.release("job_r", nxt.claimed) and lease.release("job_r", nxt.claimed)
+    # A free lease taken as a fresh chain, claimed again with the same arguments: still ours.
+    step, fresh = steps()
+    assert lease.claim("job_f", step, fresh, TTL) is Claim.FRESH
+    assert lease.claim("job_f", step, fresh, TTL) is Claim.FRESH
+    assert rdb.get("t:lease:job_f") == fresh.claimed
+
+
+def test_a_duplicate_delivery_of_the_same_step_is_refused(lease: LeaseStore) -> None:
+    token = new_token()
+    lease.start("job_d", token, TTL)
+    first, copy = Step(token, 0, new_nonce()), Step(token, 0, new_nonce())
+    assert lease.claim("job_d", first, Step(new_token(), 0, first.nonce), TTL) is Claim.OWN
+    assert lease.claim("job_d", copy, Step(new_token(), 0, copy.nonce), TTL) is Claim.HELD
+    assert lease.rest("job_d", first, TTL)
+    # ... and after the chain moved on, the late copy of step 0 still cannot act.
+    assert lease.claim("job_d", copy, Step(new_token(), 0, copy.nonce), TTL) is Claim.HELD
+
+
+def test_a_free_lease_starts_a_new_chain_so_a_stale_message_cannot_renew_it(lease: LeaseStore,
+                                                                             rdb: redis.Redis) -> None:
+    """The lease expired; a late duplicate of step 3 arrives first and takes it - as a new chain.
+    The old chain's real next message (step 4) then finds a foreign token and drops itself."""
+    old = new_token()
+    rdb.set("t:lease:job_s", f"{old}:3", px=TTL)
+    rdb.delete("t:lease:job_s")  # expired
+    late = Step(old, 3, new_nonce())
+    fresh = Step(new_token(), 0, late.nonce)
+    assert lease.claim("job_s", late, fresh, TTL) is Claim.FRESH
+    assert rdb.get("t:lease:job_s") == fresh.claimed
+    real_next = Step(old, 4, new_nonce())
+    assert lease.claim("job_s", real_next, Step(new_token(), 0, real_next.nonce), TTL) is Claim.HELD
+
+
+def test_a_chain_that_moved_on_without_redis_takes_back_its_own_older_lease(lease: LeaseStore,
+                                                                            rdb: redis.Redis) -> None:
+    token = new_token()
+    rdb.set("t:lease:job_o", f"{token}:2", px=TTL)
+    later = Step(token, 5, new_nonce())
+    assert lease.claim("job_o", later, Step(new_token(), 0, later.nonce), TTL) is Claim.OWN
+    other = Step(new_token(), 9, new_nonce())
+    assert lease.claim("job_o", other, Step(new_token(), 0, other.nonce), TTL) is Claim.HELD
+
+
+def test_release_and_rest_never_touch_another_chains_lease(lease: LeaseStore, rdb: redis.Redis) -> None:
+    mine = Step(new_token(), 0, new_nonce())
+    rdb.set("t:lease:job_x", "f" * 32 + ":7", px=TTL)
+    assert not lease.rest("job_x", mine, TTL)
+    assert not lease.release("job_x", mine.claimed)
+    assert rdb.get("t:lease:job_x") == "f" * 32 + ":7"
+
+
+def evalsha_calls(rdb: redis.Redis) -> int:
+    return int(rdb.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_start_many_runs_one_script_per_job_in_one_pipeline_and_skips_held_jobs(lease: LeaseStore,
+                                                                               rdb: redis.Redis) -> None:
+    rdb.set("t:lease:job_2", "a" * 32 + ":0", px=TTL)
+    lease.start_many([("job_warm", new_token())], TTL)  # loads the script once
+    before = evalsha_calls(rdb)
+    started = lease.start_many([(f"job_{i}", new_token()) for i in range(5)], TTL)
+    assert started == [True, True, False, True, True]
+    assert evalsha_calls(rdb) - before == 5
+
+
+def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore, rdb: redis.Redis) -> None:
+    token = new_token()
+    rdb.set("t:lease:job_w", f"{token}:4", px=TTL)
+    assert lease.hand_over("job_w", new_token(), TTL) == (token, 5)
+    waiting = Step(token, 4, new_nonce())  # the chain's queued message finds the job taken
+    assert lease.claim("job_w", waiting, Step(new_token(), 0, waiting.nonce), TTL) is Claim.HELD
+    assert rdb.get("t:lease:job_w") == f"{token}:5*"
+    finishing = Step(token, 5, new_nonce())
+    assert lease.claim("job_w", finishing, Step(new_token(), 0, finishing.nonce), TTL) is Claim.OWN
+    assert lease.hand_over("job_w", new_token(), TTL) is None  # mid-poll: left alone
+    rdb.set("t:lease:job_h", f"{token}:7*", px=TTL)
+    assert lease.hand_over("job_h", new_token(), TTL) is None  # handed over already: keeps its place
+    fresh = new_token()
+    assert lease.hand_over("job_free", fresh, TTL) == (fresh, 0)

@@ -1,0 +1,95 @@
+"""The job store (store.py) on moto server over HTTP: the exactly-once terminal write, the outbox,
+the Redis-down fence, observations, results of any shape and size, and plain JSON numbers."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from sume_poller.store import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
+
+pytestmark = pytest.mark.integration
+NOW = 1_800_000_000.0
+
+
+@pytest.fixture
+def store(aws: str) -> JobStore:
+    ddb = boto3.client("dynamodb")
+    ddb.create_table(
+        TableName="jobs", BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"},
+                              {"AttributeName": "pending_shard", "AttributeType": "S"}],
+        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=[{"IndexName": "pending", "Projection": {"ProjectionType": "ALL"},
+                                 "KeySchema": [{"AttributeName": "pending_shard", "KeyType": "HASH"},
+                                               {"AttributeName": "job_id", "KeyType": "RANGE"}]}])
+    boto3.client("s3").create_bucket(Bucket="results")
+    return JobStore("jobs", 4, results=ResultBucket("results"))
+
+
+def test_the_terminal_write_wins_once_and_the_loser_sees_the_record(store: JobStore) -> None:
+    assert store.put_pending("job_1", "video", now=NOW, deadline_at=int(NOW) + 60, chain_due_at=NOW + 2.5)
+    assert not store.put_pending("job_1", "video", now=NOW, deadline_at=int(NOW) + 60)
+    ending = Ending("completed", "succeeded", None, {"url": "u"}, True, 3, 1, NOW + 10.5, NOW + 20.25)
+    won = store.record_terminal("job_1", ending, now=NOW + 21)
+    assert won.won and won.record is not None and won.record["pending_shard"].startswith("o")
+    lost = store.record_terminal("job_1", Ending("failed"), now=NOW + 22)
+    assert not lost.won and lost.record is not None and lost.record["status"] == "completed"
+    assert store.clear_outbox("job_1", now=NOW + 23) and not store.clear_outbox("job_1", now=NOW + 24)
+    record = store.get("job_1")
+    assert record is not None and "pending_shard" not in record and "event_pending" not in record
+    assert json.loads(record["result_json"]) == {"url": "u"}
+    assert type(record["reads"]) is int and record["seen_terminal_at"] == NOW + 20.25  # plain numbers, not Decimal
+    assert store.record_terminal("job_missing", Ending("failed"), now=NOW).record is None
+
+
+@pytest.mark.parametrize("result", [[{"url": "a"}, {"url": "b"}], "https://x/y", 42, None])
+def test_any_json_result_is_stored_whole(store: JobStore, result: object) -> None:
+    store.put_pending("job_r", "image", now=NOW, deadline_at=int(NOW) + 60)
+    store.record_terminal("job_r", Ending("completed", has_result=True, result=result), now=NOW)
+    assert json.loads(store.get("job_r")["result_json"]) == result  # type: ignore[index]
+
+
+def test_a_large_result_goes_to_s3_whole_and_the_record_keeps_the_pointer(store: JobStore) -> None:
+    big = {"frames": ["x" * 1000] * 400}
+    store.put_pending("job_big", "video", now=NOW, deadline_at=int(NOW) + 60)
+    record = store.record_terminal("job_big", Ending("completed", has_result=True, result=big), now=NOW).record
+    assert record is not None and "result_json" not in record and record["result_bytes"] > INLINE_RESULT_BYTES
+    body = boto3.client("s3").get_object(Bucket="results", Key=record["result_s3_key"])["Body"].read()
+    assert json.loads(body) == big
+
+
+def test_the_fence_lets_one_step_read_while_redis_is_down(store: JobStore) -> None:
+    store.put_pending("job_f", "image", now=NOW, deadline_at=int(NOW) + 60)
+    assert store.fence("job_f", "a" * 32, 3, now=NOW, hold=60).won
+    assert not store.fence("job_f", "a" * 32, 3, now=NOW, hold=60).won  # a duplicate of step 3
+    assert store.fence("job_f", "a" * 32, 4, now=NOW, hold=60).won  # the chain's next step
+    assert store.fence("job_f", "b" * 32, 0, now=NOW, hold=60).won  # another chain may read too
+    assert store.get("job_f")["chain_due_at"] == NOW + 60  # type: ignore[index]
+    store.record_terminal("job_f", Ending("failed"), now=NOW)
+    lost = store.fence("job_f", "b" * 32, 1, now=NOW, hold=60)
+    assert not lost.won and lost.record is not None and lost.record["event_pending"]
+
+
+def test_observations_take_one_slot_per_job_so_a_repeat_counts_once(store: JobStore) -> None:
+    for _ in range(2):
+        store.put_observation("video", "job_1", 30.0, 45.5, at=NOW)
+    store.put_observation("video", "job_2", 10.0, None, at=NOW)
+    seen = store.observations("video")
+    assert sorted((o["l"], o.get("u")) for o in seen) == [(10.0, None), (30.0, 45.5)]
+    for i in range(STATS_SLOTS + 50):
+        store.put_observation("image", f"job_{i}", 1.0, 2.0, at=NOW)
+    assert len(store.observations("image")) <= STATS_SLOTS
+
+
+def test_pending_pages_list_only_pending_jobs_and_unfinished_outboxes(store: JobStore) -> None:
+    for i in range(5):
+        store.put_pending(f"job_{i}", "image", now=NOW, deadline_at=int(NOW) + 60)
+    store.record_terminal("job_0", Ending("failed"), now=NOW)
+    items = [i for s in range(4) for i in store.pending_page(f"p{s:02d}", None)[0]]
+    outbox = [i for s in range(4) for i in store.pending_page(f"o{s:02d}", None)[0]]
+    assert sorted(i["job_id"] for i in items) == ["job_1", "job_2", "job_3", "job_4"]
+    assert [i["job_id"] for i in outbox] == ["job_0"] and all(type(i["deadline_at"]) is int for i in items)
+    assert from_item({"n": {"N": "1.5"}, "m": {"M": {"k": {"N": "2"}}}}) == {"n": 1.5, "m": {"k": 2}}

@@ -1,0 +1,72 @@
+"""Sweeps on the whole system (in-process stack, TimeScale 0.02): the list route finishes jobs in
+bulk beside the chains, a route that answers 404 sends every chain back to the normal schedule, and
+a sweep leaves a job to its chain while the chain reads it. (Chains stretch only where sweeps
+proved coverage: tests/unit/test_poller.py and test_discovery.py.)"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import redis
+from invariants import check
+from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, stack_fixtures, submit
+
+from tools.stack.inprocess import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerDay": 0, "SweepSafetySeconds": 600, "SweepCheckSeconds": 60,
+              "SweepLagSeconds": 30}
+LIST_CAPABLE = {"cursor": True, "order": "newest_first", "fields": "full"}
+#: Chains read at most every 200 clock seconds here (a long schedule), so sweeps (every 50) find
+#: some jobs first and chains others: both finders occur.
+module_stack, stack = stack_fixtures(0.02, PARAMETERS, {**SAFE_LEASES, "MIN_POLL_INTERVAL": "200"})
+
+
+def test_sweeps_finish_jobs_beside_chains_with_one_result_read_each(stack: InProcessStack) -> None:
+    stack.sim.configure(list=LIST_CAPABLE)
+    ids = submit(stack, 40, lambda i: {"duration": 300 + 25 * i, "steps": 2, "hints": False})
+    run(stack, ids, timeout=90)
+    check(stack, ids, scenario="sweeps beside chains (list with cursor, newest first)", expected="completed",
+          allowance=40)
+    by = found_by(stack, ids)
+    assert by["sweep"] > 0 and by["chain"] > 0, (by, stack.metric_totals())
+    jobs = stack.sim.stats()["jobs"]
+    assert all(jobs[j]["result_reads"] == 1 for j in ids)  # one result read per job, whoever found it
+    totals = stack.metric_totals()
+    assert totals["SweepHandedOver"] == by["sweep"] and totals["SweepMiss"] == 0
+
+
+def test_a_list_route_that_answers_404_sends_every_chain_back_to_the_normal_schedule(stack: InProcessStack) -> None:
+    stack.sim.configure(list={"route": "missing"})
+    ids = submit(stack, 24, {"duration": 300, "steps": 3})
+    run(stack, ids)
+    check(stack, ids, scenario="list route 404: chains only", expected="completed")
+    totals = stack.metric_totals()
+    assert totals["SweepRouteBroken"] >= 1 and totals["Outcome_stretched"] == 0
+    assert found_by(stack, ids) == {"chain": len(ids)}
+
+
+def test_a_sweep_leaves_a_job_to_its_chain_while_the_chain_reads_it(stack: InProcessStack) -> None:
+    """The chain is mid-poll (it holds the claimed lease) when the sweep lists the job finished:
+    one terminal write, one event, one result read."""
+    stack.sim.configure(list=LIST_CAPABLE)
+    ids = submit(stack, 24, {"duration": 1, "steps": 1, "hints": False})  # done by their first read
+    stack.fanout()  # counts the pending jobs the sweep's cost rule needs
+    swept: list[dict[str, Any]] = []
+    once = threading.Lock()
+
+    def sweep_during_the_read(step: str, job_id: str) -> None:
+        # the chain just read a job Sume already finished, and still holds its claim
+        if step == "read" and stack.sim.job_info(job_id)["terminal"] and once.acquire(blocking=False):  # type: ignore[index]
+            redis.Redis.from_url(stack.redis_url).delete("sume:poll:!sweeps")  # no back-off from earlier sweeps
+            swept.append(stack.invoke("SweepFunction", {"source": "aws.events"}))
+
+    stack.step_hook = sweep_during_the_read
+    run(stack, ids)
+    check(stack, ids, scenario="a sweep and a chain on the same job at once", expected="completed", allowance=2)
+    assert swept and swept[0]["left_to_chain"] >= 1, swept
+    jobs = stack.sim.stats()["jobs"]
+    assert all(jobs[j]["result_reads"] == 1 for j in ids)

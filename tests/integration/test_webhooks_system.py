@@ -1,0 +1,107 @@
+"""Webhooks on the whole system (in-process stack, TimeScale 0.02): the simulator delivers signed
+webhooks (some lost, some twice) to a local endpoint standing in for the function URL; chains of
+the webhook kind stretch while deliveries arrive; nothing is lost; a late delivery reads nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from invariants import check
+from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, submit
+
+from tools.services import free_port
+from tools.stack.inprocess import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+SECRET = "whsec_" + uuid.uuid4().hex
+RECEIVER_PORT = free_port()
+PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerDay": 0, "Webhooks": "true", "WebhookKinds": "video",
+              "SweepSafetySeconds": 600, "SweepCheckSeconds": 60}
+ENV = {**SAFE_LEASES, "WEBHOOK_URL": f"http://127.0.0.1:{RECEIVER_PORT}/"}
+
+
+class Receiver:
+    """A local HTTP endpoint standing in for the webhook function URL: each request becomes a
+    function URL event for the in-process WebhookFunction handler."""
+
+    def __init__(self, stack: InProcessStack) -> None:
+        self.answers: Counter[int] = Counter()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                event = {"headers": dict(self.headers.items()), "body": raw.decode(), "isBase64Encoded": False}
+                reply = stack.invoke("WebhookFunction", event)
+                receiver.answers[reply["statusCode"]] += 1
+                self.send_response(reply["statusCode"])
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", RECEIVER_PORT), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def module_stack() -> Iterator[tuple[InProcessStack, Receiver]]:
+    with InProcessStack(time_scale=0.02, parameters=PARAMETERS, env=ENV) as stack:
+        receiver = Receiver(stack)
+        yield stack, receiver
+        receiver.server.shutdown()
+
+
+@pytest.fixture
+def stack(module_stack: tuple[InProcessStack, Receiver]) -> Iterator[InProcessStack]:
+    stack, receiver = module_stack
+    stack.reset()
+    stack.client("ssm").put_parameter(Name="/sume-poller/webhook-secret", Value=SECRET, Type="SecureString",
+                                      Overwrite=True)
+    receiver.answers.clear()
+    yield stack
+    stack.step_hook = None
+
+
+def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack: InProcessStack) -> None:
+    """Once deliveries arrive, video chains read at the safety cadence (600 clock s) and a
+    delivery triggers the read that finds the job done; a lost one is caught by the cadence."""
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.3, "duplicate": 0.2},
+                        list={"route": "missing"})
+    warm_up = submit(stack, 2, {"duration": 60, "hints": False, "steps": 1}, kind="video")
+    run(stack, warm_up, timeout=30)
+    ids = submit(stack, 12, lambda i: {"duration": 200 + 60 * i, "hints": False}, kind="video")
+    run(stack, ids, timeout=90)
+    check(stack, ids, scenario="webhooks, 30 % lost, 20 % duplicated", expected="completed", allowance=50)
+    by = found_by(stack, ids)
+    assert by["webhook"] > 0, by
+    assert stack.sim.stats()["webhooks"]["lost"] > 0
+    jobs = stack.sim.stats()["jobs"]
+    assert all(jobs[j]["result_reads"] == 1 for j in ids)
+    status_reads = sum(jobs[j]["status_reads"] for j in ids) / len(ids)
+    assert status_reads <= 6, f"{status_reads:.1f} status reads per job: chains did not stretch"
+
+
+def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStack) -> None:
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 1.0})
+    ids = submit(stack, 2, {"duration": 100}, kind="video")
+    run(stack, ids)
+    reads = sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids)
+    body = json.dumps({"id": "evt_late", "type": "video_generation.ready", "data": {"job_id": ids[0]}}).encode()
+    stamp = str(int(stack.clock.now()))
+    signature = "v1=" + hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    reply = stack.invoke("WebhookFunction", {"headers": {"X-Sume-Event-Id": "evt_late", "X-Sume-Timestamp": stamp,
+                                                         "X-Sume-Signature": signature}, "body": body.decode()})
+    assert reply["statusCode"] == 202 and json.loads(reply["body"])["queued"] is False
+    assert stack.queue_depth() == 0
+    assert sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids) == reads

@@ -1,0 +1,174 @@
+"""Bulk discovery through fakes: sweeps (sweep.py) and webhooks (webhook.py). What a sweep proves,
+when it runs at all, how it hands finished jobs over; what a webhook accepts and refuses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes import FakeBudget, FakeClock, FakeCoverage, FakeLease, FakeQueue, FakeStore, FakeSume, refused
+
+from sume_poller.lease import new_token
+from sume_poller.messages import RESULT_PHASE, parse_message
+from sume_poller.sume import Listing
+from sume_poller.sweep import Sweeper, SweepSettings
+from sume_poller.webhook import WebhookReceiver, signature
+
+
+class Parts:
+    def __init__(self) -> None:
+        self.clock, self.sume, self.store, self.queue = FakeClock(), FakeSume(), FakeStore(), FakeQueue()
+        self.lease, self.budget, self.coverage = FakeLease(), FakeBudget(), FakeCoverage()
+        self.budget.pending = 1_000
+
+    def sweeper(self, **settings: object) -> Sweeper:
+        return Sweeper(SweepSettings(period=60.0, **settings), self.clock, sume=self.sume,  # type: ignore[arg-type]
+                       store=self.store, queue=self.queue, lease=self.lease, budget=self.budget,  # type: ignore[arg-type]
+                       coverage=self.coverage, remaining_ms=lambda: 50_000, handover_ttl_real=60)  # type: ignore[arg-type]
+
+    def pending(self, job_id: str, kind: str = "video") -> str:
+        self.store.put_pending(job_id, kind, now=self.clock.now(), deadline_at=int(self.clock.now()) + 86_400)
+        token = new_token()
+        self.lease.values[job_id] = f"{token}:3"  # a chain waiting for step 3
+        return token
+
+
+@pytest.fixture
+def parts() -> Parts:
+    return Parts()
+
+
+def page(*items: tuple[str, str], cursor: str | None = None, has_cursor: bool = True) -> Listing:
+    return Listing(tuple({"id": i, "status": s} for i, s in items), cursor, has_cursor)
+
+
+def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_chain(parts: Parts) -> None:
+    token = parts.pending("job_done")
+    parts.pending("job_failed", "image")
+    parts.sume.listing = [page(("job_done", "completed"), ("job_other_workspace", "completed")),
+                          page(("job_failed", "failed")), page(), page()]
+    report = parts.sweeper().run()
+    assert report.complete and report.handed_over == 2 and report.reads == 4
+    first = parse_message(parts.queue.sent[0].body)
+    assert (first.token, first.seq, first.phase, first.found_by) == (token, 4, RESULT_PHASE, "sweep")
+    assert first.outcome == {"status": "completed", "sume_status": "completed"}
+    assert parts.lease.values["job_done"] == f"{token}:4*"  # the chain's waiting step 3 is fenced out
+    assert parse_message(parts.queue.sent[1].body).outcome["status"] == "failed"  # type: ignore[index]
+
+
+def test_a_job_mid_poll_is_left_to_its_chain(parts: Parts) -> None:
+    token = parts.pending("job_busy")
+    parts.lease.values["job_busy"] = f"{token}:3!abcd"
+    parts.sume.listing = [page(("job_busy", "completed")), page(), page(), page()]
+    report = parts.sweeper().run()
+    assert report.left_to_chain == 1 and parts.queue.sent == []
+
+
+def test_a_full_page_without_a_cursor_proves_nothing(parts: Parts) -> None:
+    parts.sume.listing = [Listing(tuple({"id": f"job_{i}", "status": "completed"} for i in range(100)), None, False)]
+    report = parts.sweeper().run()
+    assert not report.complete and "without a usable cursor" in (report.incomplete_reason or "")
+    assert "healthy_until" not in parts.coverage.fields
+
+
+def test_the_page_cap_makes_a_sweep_incomplete(parts: Parts) -> None:
+    parts.sume.listing = [page(("job_x", "completed"), cursor="next")]
+    report = parts.sweeper(max_pages=3).run()
+    assert not report.complete and "capped at 3" in (report.incomplete_reason or "")
+
+
+@pytest.mark.parametrize(("status", "route"), [(404, "broken"), (400, "broken"), (403, "forbidden")])
+def test_a_list_route_that_refuses_turns_sweeps_off_without_pausing_the_key(parts: Parts, status: int,
+                                                                         route: str) -> None:
+    why = {404: "not_found", 400: "request", 403: "forbidden"}[status]
+    parts.sume.listing = [refused(why, status)]
+    report = parts.sweeper().run()
+    assert not report.complete and parts.coverage.fields["route"] == route
+    assert parts.budget.key_paused_for is None  # a 403 on the list is about the list, not the key
+    parts.sume.listing = [page()]
+    assert not parts.sweeper().run().ran  # stays off until the route is tried again
+
+
+def test_few_pending_jobs_make_sweeps_back_off_and_chains_return_to_normal(parts: Parts) -> None:
+    parts.budget.pending = 10
+    parts.coverage.update(healthy_until=parts.clock.now() + 600)
+    report = parts.sweeper().run()
+    assert not report.ran and "chains are cheaper" in (report.why_not or "") and parts.sume.calls == []
+    assert float(parts.coverage.fields["healthy_until"]) == 0
+
+
+def test_idle_sweeps_double_their_interval(parts: Parts) -> None:
+    parts.sume.listing = [page()]
+    assert parts.sweeper().run().ran
+    parts.clock.advance(61)
+    assert not parts.sweeper().run().ran  # one idle sweep: wait two periods
+    parts.clock.advance(61)
+    assert parts.sweeper().run().ran
+
+
+def test_coverage_counts_what_chains_found_and_a_miss_resets_it(parts: Parts) -> None:
+    start = parts.clock.now()
+    for i in range(5):
+        parts.coverage.found("video", f"job_{i}", start - 10)
+    parts.store.records.update({f"job_{i}": {"job_id": f"job_{i}", "kind": "video", "status": "completed"}
+                                for i in range(5)})
+    parts.sume.listing = [page(*((f"job_{i}", "completed") for i in range(5))), page(), page(), page()]
+    assert parts.sweeper().run().coverage == {"video": (5, 0)}
+    assert parts.coverage.fields["cov:video"] == "5"
+    parts.clock.advance(120)
+    parts.coverage.found("video", "job_missed", parts.clock.now() - 100)  # terminal long before the sweep
+    parts.sume.listing = [page()]
+    assert parts.sweeper(lag=60.0).run().coverage["video"] == (0, 1)
+    assert parts.coverage.fields["cov:video"] == "0"
+
+
+# -- webhooks ------------------------------------------------------------------------------------------
+SECRET = "whsec_test"
+
+
+class Hooks:
+    def __init__(self) -> None:
+        self.clock, self.store, self.queue, self.lease = FakeClock(), FakeStore(), FakeQueue(), FakeLease()
+        self.receiver = WebhookReceiver(self.clock, secret=lambda: SECRET, tolerance=300, store=self.store,  # type: ignore[arg-type]
+                                        lease=self.lease, queue=self.queue, handover_ttl_real=60)  # type: ignore[arg-type]
+
+    def deliver(self, job_id: str, event_id: str = "evt_1", *, at: float | None = None, secret: str = SECRET,
+                body: bytes | None = None) -> tuple[int, dict[str, object]]:
+        raw = body if body is not None else json.dumps({"id": event_id, "type": "video_generation.ready",
+                                                        "data": {"job_id": job_id, "status": "completed"}}).encode()
+        stamp = str(int(at if at is not None else self.clock.now()))
+        answer = self.receiver.handle({"X-Sume-Event-Id": event_id, "X-Sume-Timestamp": stamp,
+                                       "X-Sume-Signature": signature(secret, stamp, raw)}, raw)
+        return answer.status, answer.body
+
+
+@pytest.fixture
+def hooks() -> Hooks:
+    return Hooks()
+
+
+def test_a_signed_delivery_queues_a_status_read_now_and_never_trusts_the_body(hooks: Hooks) -> None:
+    hooks.store.put_pending("job_w", "video", now=hooks.clock.now(), deadline_at=int(hooks.clock.now()) + 60)
+    hooks.lease.values["job_w"] = "ab" * 16 + ":2"
+    assert hooks.deliver("job_w")[0] == 202
+    msg = parse_message(hooks.queue.sent[0].body)
+    assert (msg.seq, msg.phase, msg.found_by, msg.outcome) == (3, "status", "webhook", None)
+    assert hooks.deliver("job_w") == (200, {"duplicate": True}) and len(hooks.queue.sent) == 1
+
+
+@pytest.mark.parametrize(("case", "expected"), [("forged", 401), ("replayed", 401), ("oversized", 413),
+                                                ("malformed", 400)])
+def test_bad_deliveries_get_their_documented_answer_and_queue_nothing(hooks: Hooks, case: str,
+                                                                      expected: int) -> None:
+    hooks.store.put_pending("job_w", "video", now=hooks.clock.now(), deadline_at=int(hooks.clock.now()) + 60)
+    kwargs: dict[str, object] = {"forged": {"secret": "wrong"}, "replayed": {"at": hooks.clock.now() - 3_600},
+                                 "oversized": {"body": b"x" * 70_000}, "malformed": {"body": b"{not json"}}[case]
+    assert hooks.deliver("job_w", **kwargs)[0] == expected  # type: ignore[arg-type]
+    assert hooks.queue.sent == []
+
+
+def test_a_delivery_for_a_job_already_finished_or_not_ours_reads_nothing(hooks: Hooks) -> None:
+    assert hooks.deliver("job_unknown")[0] == 202 and hooks.queue.sent == []
+    hooks.store.put_pending("job_t", "video", now=hooks.clock.now(), deadline_at=int(hooks.clock.now()) + 60)
+    hooks.store.records["job_t"]["status"] = "completed"
+    assert hooks.deliver("job_t", event_id="evt_2")[0] == 202 and hooks.queue.sent == []

@@ -1,0 +1,53 @@
+"""The poll message schema (messages.py): v2 round trips, v1 messages in flight during a deploy
+still parse, and poison is refused with a clear reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sume_poller.messages import RESULT_PHASE, VERSION, MessageError, PollMessage, parse_message
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+def test_a_v2_message_round_trips_with_every_field() -> None:
+    msg = PollMessage(job_id="job_1", kind="video", deadline_at=1_900_000_000, due_at=1_800_000_123.5, token=TOKEN,
+                      seq=4, submitted_at=1_800_000_000, profile="video|d16", reads=3, result_reads=1, errors=2,
+                      seen_running_at=1_800_000_100.0, phase=RESULT_PHASE,
+                      outcome={"status": "completed", "sume_status": "succeeded"},
+                      seen_terminal_at=1_800_000_120.0, result_waits=2, slot_at=1_800_000_123.5)
+    assert parse_message(msg.to_json()) == msg
+    assert json.loads(msg.to_json())["v"] == VERSION
+
+
+def test_messages_of_the_previous_version_still_parse() -> None:
+    """Messages already queued when the new code deploys: a v1 step of a chain, and a v1 fan-out
+    message without a token (its claim starts a chain)."""
+    v1 = {"v": 1, "job_id": "job_1", "kind": "image", "deadline_at": 1_900_000_000, "due_at": 0, "token": TOKEN,
+          "seq": 3, "attempt": 5, "errors": 1}
+    msg = parse_message(json.dumps(v1))
+    assert (msg.token, msg.seq, msg.reads, msg.errors, msg.phase) == (TOKEN, 3, 5, 1, "status")
+    tokenless = parse_message(json.dumps({**v1, "token": None, "seq": 0}))
+    assert tokenless.token is None
+
+
+@pytest.mark.parametrize(("body", "reason"), [
+    ("{", "not JSON"),
+    ("[]", "not a JSON object"),
+    (json.dumps({"v": 3}), "unsupported message version"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+                 "surprise": 1}), "unknown fields"),
+    (json.dumps({"v": 2, "job_id": "../etc", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN}),
+     "job id"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0}), "without a token"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+                 "phase": "result"}), "needs an outcome"),
+    (json.dumps({"v": 1, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "reads": 1}),
+     "unknown fields"),
+    ("x" * 5000, "larger than"),
+])
+def test_poison_is_refused_with_a_clear_reason(body: str, reason: str) -> None:
+    with pytest.raises(MessageError, match=reason):
+        parse_message(body)

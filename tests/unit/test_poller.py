@@ -1,0 +1,349 @@
+"""The poll state machine (poller.py) through in-process fakes: what each Sume answer, lease
+state and budget answer leads to. Each failure mode a real deployment meets has a case here."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+import pytest
+from fakes import (
+    FakeBudget,
+    FakeBus,
+    FakeClock,
+    FakeGate,
+    FakeLease,
+    FakePacer,
+    FakeQueue,
+    FakeStore,
+    FakeSume,
+    done,
+    refused,
+    retry,
+    status,
+)
+
+from sume_poller.budget import Grant, RateInfo
+from sume_poller.coverage import Coverage, is_canary
+from sume_poller.durations import LogNormal
+from sume_poller.lease import new_token
+from sume_poller.messages import RESULT_PHASE, PollMessage, parse_message
+from sume_poller.poller import Deadline, Outcome, Poller, completion_interval
+from sume_poller.settings import PollSettings
+from sume_poller.sume import Listing, Result
+
+ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
+       "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}
+
+
+@dataclass
+class Rig:
+    clock: FakeClock = field(default_factory=FakeClock)
+    lease: FakeLease = field(default_factory=FakeLease)
+    budget: FakeBudget = field(default_factory=FakeBudget)
+    pacer: FakePacer = field(default_factory=FakePacer)
+    sume: FakeSume = field(default_factory=FakeSume)
+    store: FakeStore = field(default_factory=FakeStore)
+    bus: FakeBus = field(default_factory=FakeBus)
+    queue: FakeQueue = field(default_factory=FakeQueue)
+    poller: Poller = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = PollSettings.from_env(ENV)
+        settings = replace(settings, common=replace(settings.common, clock=self.clock))
+        self.poller = Poller(settings, gate=FakeGate(self.lease, self.budget), budget=self.budget,  # type: ignore[arg-type]
+                             pacer=self.pacer, sume=self.sume, store=self.store, bus=self.bus,  # type: ignore[arg-type]
+                             queue=self.queue, rng=random.Random(7))  # type: ignore[arg-type]
+
+    def submit(self, job_id: str = "job_a", kind: str = "image") -> PollMessage:
+        """Record a job and start its chain, as submit does; the first message, due now."""
+        now = self.clock.now()
+        self.store.put_pending(job_id, kind, now=now, deadline_at=int(now) + 86_400)
+        token = new_token()
+        self.lease.start(job_id, token, 1)
+        return PollMessage(job_id=job_id, kind=kind, deadline_at=int(now) + 86_400, due_at=now, token=token,
+                           submitted_at=int(now))
+
+    def run(self, msg: PollMessage, seconds_left: float = 25.0) -> Outcome:
+        return self.poller.process(msg, Deadline(seconds_left))
+
+    def next_of(self, outcome: Outcome) -> PollMessage:
+        assert outcome.send is not None, outcome
+        self.queue.sent.append(outcome.send)
+        return parse_message(outcome.send.body)
+
+    def follow(self, msg: PollMessage, steps: int = 50) -> list[Outcome]:
+        """Run a chain: each step's next message, at its due time, until it ends."""
+        outcomes = []
+        for _ in range(steps):
+            out = self.run(msg)
+            outcomes.append(out)
+            if out.send is None:
+                return outcomes
+            msg = self.next_of(out)
+            self.clock.t = max(self.clock.t, msg.due_at)
+        raise AssertionError(f"chain still running after {steps} steps: {[o.name for o in outcomes]}")
+
+
+@pytest.fixture
+def rig() -> Rig:
+    return Rig()
+
+
+def test_a_running_job_rests_its_lease_and_hands_back_the_next_step(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running")]
+    first = rig.submit()
+    out = rig.run(first)
+    assert out.name == "requeued" and out.status_reads == 1
+    nxt = parse_message(out.send.body)  # type: ignore[union-attr]
+    assert (nxt.token, nxt.seq, nxt.reads) == (first.token, 1, 1)
+    assert nxt.due_at > rig.clock.now() and nxt.seen_running_at == rig.clock.now()
+    assert rig.lease.values["job_a"] == f"{first.token}:1"
+
+
+def test_a_chain_runs_to_its_terminal_write_and_one_event(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("queued"), status("running"), done()]
+    outcomes = rig.follow(rig.submit())
+    assert [o.name for o in outcomes] == ["requeued", "requeued", "terminal"]
+    record = rig.store.records["job_a"]
+    assert record["status"] == "completed" and record["result"] == {"url": "u"}
+    assert "pending_shard" not in record and "event_pending" not in record
+    assert [j for j, _ in rig.bus.events] == ["job_a"] and "job_a" not in rig.lease.values
+    assert (record["status_reads"], record["result_reads"]) == (3, 1)
+
+
+def test_a_duplicate_delivery_of_a_step_reads_nothing(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running")]
+    first = rig.submit()
+    rig.run(first)
+    assert rig.run(first).name == "contention"
+    assert rig.sume.reads("status") == 1
+
+
+def test_a_job_with_no_lease_starts_a_fresh_chain_after_reading_its_record(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running")]
+    msg = rig.submit()
+    rig.lease.values.clear()  # the lease expired
+    out = rig.run(msg)
+    assert out.name == "requeued"
+    assert parse_message(out.send.body).token != msg.token  # type: ignore[union-attr]
+    rig.store.records["job_a"].update(status="completed", pending_shard=None)
+    rig.lease.values.clear()
+    assert rig.run(msg).name == "duplicate" and rig.sume.reads("status") == 1
+
+
+def test_a_message_that_comes_back_early_hops_without_reading(rig: Rig) -> None:
+    msg = rig.submit().next(due_at=rig.clock.now() + 5_000)
+    out = rig.run(msg)
+    assert out.name == "hopped" and out.send is not None and out.send.delay == rig.queue.max_delay
+    assert rig.sume.calls == [] and rig.budget.takes == 0
+
+
+def test_no_read_slot_now_requeues_for_the_reserved_slot_keeping_the_lease(rig: Rig) -> None:
+    rig.budget.grants = [Grant(True, 42.0)]
+    msg = rig.submit()
+    out = rig.run(msg)
+    nxt = rig.next_of(out)
+    assert out.name == "budget_wait" and "BudgetExhausted" in out.signals and rig.sume.calls == []
+    assert nxt.slot_at == pytest.approx(rig.clock.now() + 42.0) and nxt.due_at == nxt.slot_at
+    assert rig.lease.values["job_a"] == f"{msg.token}:1"
+
+
+def test_redis_down_a_chain_keeps_polling_on_its_own_schedule_fenced_against_duplicates(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running"), done()]
+    msg = rig.submit()
+    rig.lease.down = True
+    out = rig.run(msg)
+    assert out.name == "requeued" and "RedisUnavailable" in out.signals and rig.sume.reads("status") == 1
+    assert rig.run(msg).name == "duplicate" and rig.sume.reads("status") == 1  # the copy is fenced out
+    record = rig.store.records["job_a"]
+    assert record["chain_due_at"] >= rig.next_of(out).due_at  # fan-out leaves the job to this chain
+    nxt = parse_message(out.send.body)  # type: ignore[union-attr]
+    rig.clock.t = nxt.due_at
+    assert rig.run(nxt).name == "terminal" and rig.store.records["job_a"]["status"] == "completed"
+
+
+def test_redis_down_reads_are_paced_per_container(rig: Rig) -> None:
+    msg = rig.submit()
+    rig.lease.down = True
+    rig.pacer.waits = [12.0]
+    out = rig.run(msg)
+    assert out.name == "budget_wait" and rig.sume.calls == []
+    assert rig.next_of(out).due_at == pytest.approx(rig.clock.now() + 12.0)
+
+
+def test_a_completed_job_whose_result_is_late_waits_in_the_result_phase_without_status_reads(rig: Rig) -> None:
+    """A result that becomes ready 40 minutes after completion: backoff, never timed_out early,
+    and once Sume said terminal the status is never read again."""
+    rig.sume.status["job_a"] = [done(ready=False)]
+    not_ready = retry(409)
+    rig.sume.result["job_a"] = [not_ready] * 12 + [Result({"url": "u"})]
+    msg = rig.submit()
+    outcomes = rig.follow(msg)
+    assert outcomes[-1].name == "terminal" and rig.store.records["job_a"]["status"] == "completed"
+    assert rig.sume.reads("status") == 1
+    assert rig.sume.reads("result") == 13
+    assert rig.clock.now() - msg.due_at > 40 * 60  # the waits grew: 13 fetches covered over 40 minutes
+
+
+def test_a_result_is_any_json_value_stored_whole(rig: Rig) -> None:
+    for job_id, payload in (("job_list", [{"url": "a"}, {"url": "b"}]), ("job_str", "https://x/y")):
+        rig.sume.status[job_id] = [done()]
+        rig.sume.result[job_id] = [Result(payload)]
+        rig.follow(rig.submit(job_id))
+        assert rig.store.records[job_id]["result"] == payload
+
+
+def test_a_403_fails_only_that_job_when_the_key_check_passes(rig: Rig) -> None:
+    rig.sume.status["job_f"] = [refused("forbidden", 403)]
+    rig.sume.listing = [Listing(({"id": "job_x"},), None, False)]
+    out = rig.run(rig.submit("job_f"))
+    assert out.name == "terminal" and out.status == "failed"
+    assert rig.store.records["job_f"]["error"]["code"] == "forbidden"
+    assert rig.budget.key_paused_for is None
+    # the check holds for a minute: the next foreign job costs no second check
+    rig.sume.status["job_g"] = [refused("forbidden", 403)]
+    rig.run(rig.submit("job_g"))
+    assert rig.sume.reads("list") == 1
+
+
+def test_a_403_pauses_every_read_when_the_key_itself_is_refused(rig: Rig) -> None:
+    rig.sume.status["job_f"] = [refused("forbidden", 403)]
+    rig.sume.listing = [refused("key", 401)]
+    out = rig.run(rig.submit("job_f"))
+    assert out.name == "key_rejected" and "SumeAuthFailed" in out.signals
+    assert rig.budget.key_paused_for == 300 and rig.store.records["job_f"]["status"] == "pending"
+
+
+def test_a_401_pauses_every_read_and_the_chain_waits_it_out(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [refused("key", 401)]
+    out = rig.run(rig.submit())
+    assert out.name == "key_rejected" and rig.budget.key_paused_for == 300
+    assert rig.next_of(out).due_at >= rig.clock.now() + 300
+
+
+def test_a_404_soon_after_submission_is_lag_and_later_final(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [refused("not_found", 404)]
+    msg = rig.submit()
+    out = rig.run(msg)
+    assert out.name == "transient" and "NotFoundGrace" in out.signals
+    rig.clock.advance(301)
+    nxt = rig.next_of(out)
+    final = rig.run(nxt.next(due_at=rig.clock.now()))
+    assert final.status == "failed" and rig.store.records["job_a"]["error"]["code"] == "not_found"
+
+
+def test_a_429_tells_the_budget_and_backs_off(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [retry(429, retry_after=7.0)]
+    rig.sume.status["job_a"][0] = type(rig.sume.status["job_a"][0])(
+        "rate_limit_exceeded", 7.0, 429, rate=RateInfo(retry_after=7.0))
+    out = rig.run(rig.submit())
+    assert out.name == "transient" and "SumeThrottled" in out.signals
+    assert rig.budget.feedback_seen and rig.budget.feedback_seen[0].retry_after == 7.0
+    assert rig.next_of(out).due_at == pytest.approx(rig.clock.now() + 7.0)
+
+
+def test_no_job_outlives_its_deadline_and_a_late_result_is_named(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running", hint=10**9)]
+    msg = rig.submit()
+    out = rig.run(msg)
+    nxt = rig.next_of(out)
+    assert nxt.due_at == msg.deadline_at  # the far hint is capped at the deadline
+    rig.clock.t = nxt.due_at
+    assert rig.run(nxt).status == "timed_out"
+    rig.sume.status["job_b"] = [done(ready=False)]
+    late = rig.next_of(rig.run(rig.submit("job_b")))
+    assert late.phase == RESULT_PHASE
+    rig.clock.t = late.deadline_at
+    rig.run(late)
+    assert rig.store.records["job_b"]["error"]["code"] == "result_not_ready"
+
+
+def test_a_record_without_enough_invocation_time_left_is_not_started(rig: Rig) -> None:
+    out = rig.run(rig.submit(), seconds_left=2.0)
+    assert out.name == "out_of_time" and rig.sume.calls == [] and out.send is not None
+
+
+def test_a_terminal_write_that_loses_finishes_the_earlier_attempts_outbox(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [done("failed")]
+    msg = rig.submit()
+    rig.bus.fail_next = 1
+    with pytest.raises(RuntimeError):
+        rig.run(msg)  # crashed between the terminal write and the event
+    assert rig.store.records["job_a"]["event_pending"]
+    rig.lease.values.clear()
+    out = rig.run(msg)  # SQS delivers the message again
+    assert out.name == "outbox" and len(rig.bus.events) == 1 and rig.sume.reads("status") == 1
+
+
+def test_under_a_binding_budget_a_job_unlikely_to_be_done_lets_others_read_first(rig: Rig) -> None:
+    """With a learned model a young video accepts only a near slot; refused a far one it comes back
+    when its chance of being done has grown. Past the max-gap backstop it takes any slot."""
+    model = LogNormal(math.log(360.0), 0.6)
+    rig.poller.models = lambda profile, kind: model
+    rig.poller.s = replace(rig.poller.s, schedule=replace(rig.poller.s.schedule, learned=True))
+    rig.sume.status["job_v"] = [status("running")]
+    msg = rig.submit("job_v", "video").next(seen_running_at=rig.clock.now())
+    rig.clock.advance(30)
+    rig.budget.grants = [Grant(False, 600.0, pending=10)]
+    out = rig.run(msg.next(due_at=rig.clock.now()))
+    assert out.name == "deferred" and rig.sume.calls == [] and rig.budget.patience[-1] < 60
+    assert rig.next_of(out).due_at > rig.clock.now() + 30
+    rig.clock.advance(5_000)  # far past the round-robin period of 10 pending jobs at 2 reads/s
+    rig.run(rig.next_of(out).next(due_at=rig.clock.now()))
+    assert math.isinf(rig.budget.patience[-1])
+
+
+class FixedCoverage:
+    """A CoverageView whose snapshot the test sets."""
+
+    def __init__(self, snapshot: Coverage) -> None:
+        self.snapshot = snapshot
+        self.store = type("Store", (), {"found": lambda *a: None})()
+
+    def get(self) -> Coverage:
+        return self.snapshot
+
+
+def test_chains_stretch_only_where_sweeps_proved_coverage_and_come_back_when_it_lapses(rig: Rig) -> None:
+    now = rig.clock.now()
+    covered = Coverage(healthy_until=now + 3_600, covered=frozenset({"image"}), route="ok")
+    rig.poller.coverage = FixedCoverage(covered)  # type: ignore[assignment]
+    rig.sume.status["job_a"] = [status("running")]
+    out = rig.run(rig.submit("job_a"))
+    nxt = rig.next_of(out)
+    assert out.name == "stretched" and nxt.due_at >= now + rig.poller.s.discovery.safety
+    assert nxt.normal_due is not None and nxt.normal_due < now + 60
+    assert out.send is not None and out.send.delay <= rig.poller.s.discovery.check  # it hops to check
+    rig.poller.coverage = FixedCoverage(Coverage())  # sweeps stopped proving anything
+    rig.clock.t = nxt.normal_due + 1
+    assert rig.run(nxt).name == "requeued"  # read at its normal time, no longer stretched
+    rig.poller.coverage = FixedCoverage(covered)
+    rig.sume.status["job_v"] = [status("running")]
+    assert rig.run(rig.submit("job_v", "video")).name == "requeued"  # video was never proven
+
+
+def test_a_canary_stays_on_the_normal_schedule_to_keep_measuring_coverage(rig: Rig) -> None:
+    canary = next(f"job_c{i}" for i in range(1_000) if is_canary(f"job_c{i}"))
+    rig.poller.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
+                                                 covered=frozenset({"image"}), route="ok"))
+    rig.sume.status[canary] = [status("running")]
+    assert rig.run(rig.submit(canary)).name == "requeued"
+
+
+def test_the_completion_interval_comes_from_the_reads_around_it() -> None:
+    record = {"submitted_at": 1000, "seen_running_at": 1030.0, "seen_terminal_at": 1045.0, "status": "completed"}
+    assert completion_interval(record) == (30.0, 45.0)
+    assert completion_interval({**record, "seen_running_at": None}) == (0.0, 45.0)
+    timed_out = {"submitted_at": 1000, "seen_running_at": 1500.0, "status": "timed_out"}
+    assert completion_interval(timed_out) == (500.0, None)
+    assert completion_interval({"status": "failed"}) is None
+
+
+def test_the_poller_never_emits_metrics_itself() -> None:
+    """Powertools' Metrics is not thread-safe: worker threads only return signals."""
+    import inspect
+
+    import sume_poller.poller as module
+    assert "metrics" not in inspect.getsource(module).split('"""', 2)[2]

@@ -1,0 +1,48 @@
+"""Settings (settings.py): each function reads what it needs, once, and a bad environment fails
+the cold start with every problem named."""
+
+from __future__ import annotations
+
+import pytest
+
+from sume_poller.settings import ConfigError, FanOutSettings, PollSettings, SubmitSettings
+
+POLL = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
+        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}
+
+
+def test_each_function_gets_its_own_settings() -> None:
+    poll = PollSettings.from_env(POLL)
+    assert poll.redis.url == "rediss://cache.example:6379" and poll.budget.reads_per_minute == 120
+    fanout = FanOutSettings.from_env({**POLL, "FANOUT_PERIOD_MINUTES": "5"})
+    assert fanout.period == 300
+    submit = SubmitSettings.from_env(POLL)
+    assert submit.budget.creates_per_minute == 10
+
+
+def test_every_problem_is_named_once() -> None:
+    env = {**POLL, "SUME_BASE_URL": "http://sume.test", "REDIS_URL": "redis://127.0.0.1:6379", "PENDING_SHARDS": "0",
+           "READS_PER_MINUTE": "lots", "JOBS_TABLE": ""}
+    with pytest.raises(ConfigError) as caught:
+        PollSettings.from_env(env)
+    text = str(caught.value)
+    for needle in ("JOBS_TABLE is required", "SUME_BASE_URL must be an https URL", "loopback Redis",
+                   "PENDING_SHARDS must be between 1 and 64", "READS_PER_MINUTE must be an integer"):
+        assert text.count(needle) == 1, (needle, text)
+
+
+def test_local_endpoints_allow_a_local_simulator_and_redis() -> None:
+    env = {**POLL, "SUME_BASE_URL": "http://127.0.0.1:8787/api/v1", "REDIS_URL": "redis://127.0.0.1:6379",
+           "LOCAL_ENDPOINTS": "true", "TIME_SCALE": "0.01"}
+    settings = PollSettings.from_env(env)
+    assert settings.common.clock.scale == 0.01
+
+
+def test_credentials_never_ride_in_the_redis_url() -> None:
+    with pytest.raises(ConfigError, match="must not carry credentials"):
+        PollSettings.from_env({**POLL, "REDIS_URL": "rediss://user:secret@cache.example:6379"})
+
+
+def test_the_claim_ttl_must_outlast_a_sume_request() -> None:
+    with pytest.raises(ConfigError, match="CLAIM_TTL_SECONDS must outlast"):
+        PollSettings.from_env({**POLL, "CLAIM_TTL_SECONDS": "10"})

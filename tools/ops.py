@@ -1,0 +1,195 @@
+"""Operator commands for a deployed sume-poller stack (``make status``, ``make redrive``).
+
+    python -m tools.ops status  [--stack NAME] [--config-env default|dev|prod]
+    python -m tools.ops redrive [--stack NAME] [--config-env ...] [--max-per-second N]
+
+The stack is found through CloudFormation: its outputs name the jobs table and the queues. AWS
+access is the usual configuration (profile, region, credentials); with ``AWS_ENDPOINT_URL`` set
+the same commands talk to a local emulator such as ministack (dummy credentials are then used
+when none are configured). The stack name defaults to ``stack_name`` of the config environment
+in samconfig.toml.
+
+``status`` reads the whole table (one paginated scan of four attributes): pending and terminal
+counts by status, the oldest pending job, and the depths of the poll queue and its DLQ.
+``redrive`` starts an SQS message move task from the dead-letter queue back to the poll queue
+(StartMessageMoveTask). Neither moto nor ministack implements that call, so it is tested
+against botocore's Stubber (tests/e2e/test_deployed_stack.py), not an emulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import sys
+import tomllib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from sume_poller.clock import Clock
+from sume_poller.store import from_item
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Error codes of an endpoint that does not know StartMessageMoveTask (ministack; moto answers 500).
+UNSUPPORTED = {"InvalidAction", "UnsupportedOperation", "NotImplemented", "500"}
+
+
+class OpsError(RuntimeError):
+    """A command cannot be carried out (no such stack, an endpoint without the API...)."""
+
+
+def default_stack_name(config_env: str, samconfig: Path = ROOT / "samconfig.toml") -> str:
+    """``stack_name`` of ``config_env`` in samconfig.toml (global, then deploy parameters)."""
+    config = tomllib.loads(samconfig.read_text(encoding="utf-8")) if samconfig.exists() else {}
+    env = config.get(config_env, {})
+    for command in ("global", "deploy"):
+        name = env.get(command, {}).get("parameters", {}).get("stack_name")
+        if name:
+            return str(name)
+    raise OpsError(f"no stack_name for config environment {config_env!r} in {samconfig.name}: give --stack")
+
+
+def clients() -> Callable[[str], Any]:
+    """boto3 clients from the usual configuration (a local endpoint gets dummy credentials and
+    us-east-1 when none are configured)."""
+    import boto3
+
+    session: Any = boto3.session.Session()
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        region = session.region_name or "us-east-1"
+        if session.get_credentials() is None:
+            session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                                            region_name=region)
+        else:
+            session = boto3.session.Session(region_name=region)
+    client: Callable[[str], Any] = session.client
+    return client
+
+
+@dataclass
+class StackView:
+    name: str
+    outputs: dict[str, str]
+    parameters: dict[str, str]
+
+    @classmethod
+    def read(cls, cfn: Any, name: str) -> StackView:
+        try:
+            described = cfn.describe_stacks(StackName=name)["Stacks"][0]
+        except ClientError as error:
+            raise OpsError(f"stack {name}: {error.response['Error'].get('Message', error)}") from error
+        return cls(name, {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])},
+                   {p["ParameterKey"]: p.get("ParameterValue", "") for p in described.get("Parameters", [])})
+
+    def output(self, key: str) -> str:
+        if key not in self.outputs:
+            raise OpsError(f"stack {self.name} has no output {key} (is it a sume-poller stack?)")
+        return self.outputs[key]
+
+
+@dataclass
+class Status:
+    by_status: Counter[str] = field(default_factory=Counter)
+    oldest_pending: dict[str, Any] | None = None
+    queue_depth: int = 0
+    dlq_depth: int = 0
+
+    @property
+    def pending(self) -> int:
+        return self.by_status["pending"]
+
+
+def _depth(sqs: Any, url: str) -> int:
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed"])["Attributes"]
+    return sum(int(v) for v in attrs.values())
+
+
+def read_status(view: StackView, ddb: Any, sqs: Any) -> Status:
+    status = Status()
+    kwargs: dict[str, Any] = {"TableName": view.output("JobsTableName"),
+                              "ProjectionExpression": "job_id, #s, kind, submitted_at",
+                              "ExpressionAttributeNames": {"#s": "status"}}
+    while True:
+        reply = ddb.scan(**kwargs)
+        for record in map(from_item, reply.get("Items", [])):
+            if str(record["job_id"]).startswith("#"):  # per-profile statistics, not jobs
+                continue
+            status.by_status[str(record.get("status"))] += 1
+            oldest = status.oldest_pending
+            if record.get("status") == "pending" and (
+                    oldest is None or record.get("submitted_at", 0) < oldest.get("submitted_at", 0)):
+                status.oldest_pending = record
+        if not reply.get("LastEvaluatedKey"):
+            break
+        kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+    status.queue_depth = _depth(sqs, view.output("PollQueueUrl"))
+    status.dlq_depth = _depth(sqs, view.output("PollDeadLetterQueueUrl"))
+    return status
+
+
+def render_status(view: StackView, status: Status) -> str:
+    lines = [f"stack {view.name} (table {view.output('JobsTableName')})", f"pending            {status.pending}"]
+    oldest = status.oldest_pending
+    if oldest is not None and "submitted_at" in oldest:
+        clock = Clock(float(view.parameters.get("TimeScale") or 1))  # the stack's clock (1 on AWS)
+        submitted = float(oldest["submitted_at"])
+        age = dt.timedelta(seconds=int(clock.now() - submitted))
+        at = dt.datetime.fromtimestamp(submitted, dt.UTC).isoformat(timespec="seconds")
+        lines.append(f"  oldest           {oldest['job_id']} ({oldest.get('kind')}), submitted {at}, {age} ago")
+    terminal = {s: n for s, n in sorted(status.by_status.items()) if s != "pending"}
+    lines.append(f"terminal           {sum(terminal.values())}")
+    lines += [f"  {s:<16} {n}" for s, n in terminal.items()]
+    lines.append(f"poll queue         {status.queue_depth} (visible, in flight and delayed)")
+    lines.append(f"dead-letter queue  {status.dlq_depth}" + ("   -> make redrive" if status.dlq_depth else ""))
+    return "\n".join(lines)
+
+
+def redrive(sqs: Any, dlq_url: str, queue_url: str, max_per_second: int | None = None) -> str:
+    """Start moving the DLQ's messages back to the poll queue; the task handle."""
+    def arn(url: str) -> str:
+        return str(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+
+    request: dict[str, Any] = {"SourceArn": arn(dlq_url), "DestinationArn": arn(queue_url)}
+    if max_per_second is not None:
+        request["MaxNumberOfMessagesPerSecond"] = max_per_second
+    try:
+        return str(sqs.start_message_move_task(**request)["TaskHandle"])
+    except ClientError as error:
+        if error.response.get("Error", {}).get("Code") in UNSUPPORTED:
+            raise OpsError("this endpoint does not implement SQS StartMessageMoveTask (moto and ministack "
+                           "do not; AWS does)") from error
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.ops", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["status", "redrive"])
+    parser.add_argument("--stack", help="stack name (default: samconfig.toml's stack_name)")
+    parser.add_argument("--config-env", default="default", help="samconfig.toml environment (default: default)")
+    parser.add_argument("--max-per-second", type=int, help="redrive: messages moved per second (default: SQS's)")
+    args = parser.parse_args(argv)
+    try:
+        client = clients()
+        view = StackView.read(client("cloudformation"), args.stack or default_stack_name(args.config_env))
+        if args.command == "status":
+            print(render_status(view, read_status(view, client("dynamodb"), client("sqs"))))
+        else:
+            handle = redrive(client("sqs"), view.output("PollDeadLetterQueueUrl"), view.output("PollQueueUrl"),
+                             args.max_per_second)
+            print(f"moving the DLQ's messages back to the poll queue: task {handle}")
+    except OpsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,487 @@
+"""The local stack: one interface over two ways of running template.yaml, and what both share.
+
+A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator, the AWS
+resources and the template's functions - behind one small API that the demo, the tests and the
+benchmarks use whatever runs the functions:
+
+* :class:`tools.stack.inprocess.InProcessStack`: the handlers run in this process on moto
+  server; the stack plays Lambda's SQS event source mapping and the schedules.
+* :class:`tools.stack.deployed.DeployedStack`: ``sam build`` + ``sam deploy`` of the template
+  into ministack; the deployed event source mapping and schedules do the work.
+
+The stack's clock scale is one knob: it is the functions' ``TimeScale`` parameter and the
+simulator's ``time_scale``, so both sides agree on every duration, hint and budget window.
+
+Shared here, once: AWS clients on a local endpoint, the terminal-event sink (an EventBridge
+rule feeding an SQS queue), job-record reading (decoded with ``sume_poller.store.from_item``),
+queue and dead-letter queue reading, and the totals of Powertools' EMF metric lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, cast
+
+from sume_poller.clock import Clock
+from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
+from sume_poller.store import from_item
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRATCH = ROOT / ".scratch" / "stack"
+TEMPLATE = ROOT / "template.yaml"
+REGION = "us-east-1"
+API_KEY_NAME = "/sume-poller/api-key"
+#: Dummy credentials: moto and ministack accept any (a non-numeric key is account 000000000000).
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+               "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
+#: Template parameters of every local stack (on top of the template's defaults). The stack adds
+#: TimeScale, RedisUrl and SumeBaseUrl; a caller's ``parameters`` win over all of them.
+LOCAL_PARAMETERS: dict[str, str] = {
+    "LocalEndpoints": "true",
+    "SumeApiKeyName": API_KEY_NAME,
+    # A lost chain is picked up a few seconds after its delay ends, not 30 s.
+    "LeaseMarginSeconds": "5",
+}
+
+
+class SetupError(RuntimeError):
+    """Something ``make setup`` provides (a virtualenv, a binary) is missing."""
+
+
+def require(path: Path, what: str) -> Path:
+    """``path`` if it exists, else :class:`SetupError` with the one line that fixes it."""
+    if not path.exists():
+        raise SetupError(f"{what} missing ({path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}): "
+                         "run make setup")
+    return path
+
+
+def prune_stale(parent: Path) -> None:
+    """Remove the ``<pid>-...`` files and directories of processes that are gone (a run that was
+    killed before it could clean up)."""
+    for entry in parent.glob("*-*"):
+        pid = entry.name.split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def aws_clients(endpoint_url: str) -> Callable[[str], Any]:
+    """``client(service)`` on a local endpoint with dummy credentials, one client per service."""
+    import boto3
+    from botocore.config import Config
+
+    session: Any = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                                         aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                                         region_name=REGION)
+    config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60,
+                    max_pool_connections=20)
+    cache: dict[str, Any] = {}
+
+    def client(service: str) -> Any:
+        if service not in cache:
+            cache[service] = session.client(service, endpoint_url=endpoint_url, config=config)
+        return cache[service]
+
+    return client
+
+
+def stack_parameters(time_scale: float, redis_url: str, sume_base_url: str,
+                     overrides: Mapping[str, Any] | None) -> dict[str, str]:
+    """Template parameters of a local stack: local defaults, its services, then ``overrides``."""
+    params = {**LOCAL_PARAMETERS, "TimeScale": f"{time_scale:g}", "RedisUrl": redis_url,
+              "SumeBaseUrl": sume_base_url}
+    params.update({key: str(value) for key, value in (overrides or {}).items()})
+    return params
+
+
+def deployed_functions(template: Mapping[str, Any], condition: Callable[[str], bool]) -> list[str]:
+    """Logical ids of the template's functions whose Condition (if any) holds, in template order."""
+    return [lid for lid, res in (template.get("Resources") or {}).items()
+            if res.get("Type") == "AWS::Serverless::Function"
+            and (not res.get("Condition") or condition(res["Condition"]))]
+
+
+def scheduled_functions(template: Mapping[str, Any], functions: Iterable[str]) -> list[str]:
+    """Those of ``functions`` that a Schedule (or ScheduleV2) event runs, in template order."""
+    wanted = set(functions)
+    return [lid for lid, res in (template.get("Resources") or {}).items()
+            if lid in wanted and any((e or {}).get("Type") in ("Schedule", "ScheduleV2")
+                                     for e in ((res.get("Properties") or {}).get("Events") or {}).values())]
+
+
+def scheduled_event() -> dict[str, Any]:
+    """The event an EventBridge schedule sends."""
+    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
+            "account": "000000000000", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "region": REGION, "resources": [], "detail": {}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared pieces
+# ---------------------------------------------------------------------------------------------
+
+class EventSink:
+    """An SQS queue fed by an EventBridge rule matching the terminal events on ``bus``."""
+
+    def __init__(self, sqs: Any, events: Any, bus: str = "default") -> None:
+        self.sqs = sqs
+        name = f"sume-poller-events-sink-{uuid.uuid4().hex[:8]}"
+        self.url: str = sqs.create_queue(QueueName=name)["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        pattern = {"source": [EVENT_SOURCE], "detail-type": [EVENT_DETAIL_TYPE]}
+        events.put_rule(Name=f"{name}-rule", EventBusName=bus, EventPattern=json.dumps(pattern))
+        events.put_targets(Rule=f"{name}-rule", EventBusName=bus, Targets=[{"Id": "sink", "Arn": arn}])
+        #: Terminal event details, in arrival order.
+        self.received: list[dict[str, Any]] = []
+
+    def drain(self, wait_seconds: int = 0) -> list[dict[str, Any]]:
+        """Receive and delete what the sink holds now (the first receive may long-poll
+        ``wait_seconds``); the new details, which are also appended to ``received``."""
+        new: list[dict[str, Any]] = []
+        wait = wait_seconds
+        while True:
+            reply = self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
+            messages = reply.get("Messages", [])
+            if not messages:
+                self.received.extend(new)
+                return new
+            wait = 0
+            new.extend(json.loads(m["Body"]).get("detail", {}) for m in messages)
+            self.sqs.delete_message_batch(QueueUrl=self.url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+
+
+class JobTable:
+    """The jobs table, read consistently and decoded to plain Python (numbers as int/float).
+    Only job records: the per-profile statistics items (keys starting with ``#``) are left out."""
+
+    def __init__(self, ddb: Any, name: str) -> None:
+        self.ddb = ddb
+        self.name = name
+
+    def scan(self, attributes: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"TableName": self.name, "ConsistentRead": True}
+        if attributes is not None:
+            names = {f"#a{i}": a for i, a in enumerate(dict.fromkeys(["job_id", *attributes]))}
+            kwargs.update(ProjectionExpression=", ".join(names), ExpressionAttributeNames=names)
+        found: list[dict[str, Any]] = []
+        while True:
+            reply = self.ddb.scan(**kwargs)
+            found += [r for r in map(from_item, reply.get("Items", [])) if not str(r["job_id"]).startswith("#")]
+            if not reply.get("LastEvaluatedKey"):
+                return found
+            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        reply = self.ddb.get_item(TableName=self.name, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
+        return from_item(reply["Item"]) if "Item" in reply else None
+
+    def batch_get(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        ids = list(dict.fromkeys(job_ids))
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(ids), 100):
+            keys = [{"job_id": {"S": j}} for j in ids[start:start + 100]]
+            request: dict[str, Any] = {self.name: {"Keys": keys, "ConsistentRead": True}}
+            while request:
+                reply = self.ddb.batch_get_item(RequestItems=request)
+                for item in reply["Responses"].get(self.name, []):
+                    record = from_item(item)
+                    found[record["job_id"]] = record
+                request = reply.get("UnprocessedKeys") or {}
+        return found
+
+    def clear(self) -> int:
+        """Delete every item (records and statistics); how many."""
+        keys = [{"job_id": {"S": str(r["job_id"])}} for r in self._all_keys()]
+        for start in range(0, len(keys), 25):
+            request: dict[str, Any] = {self.name: [{"DeleteRequest": {"Key": k}} for k in keys[start:start + 25]]}
+            while request:
+                request = self.ddb.batch_write_item(RequestItems=request).get("UnprocessedItems") or {}
+        return len(keys)
+
+    def _all_keys(self) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"TableName": self.name, "ProjectionExpression": "job_id"}
+        keys: list[dict[str, Any]] = []
+        while True:
+            reply = self.ddb.scan(**kwargs)
+            keys += [from_item(i) for i in reply.get("Items", [])]
+            if not reply.get("LastEvaluatedKey"):
+                return keys
+            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+
+
+def queue_depth(sqs: Any, url: str) -> int:
+    """Messages in a queue: visible, in flight and delayed."""
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
+        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed"])["Attributes"]
+    return sum(int(v) for v in attrs.values())
+
+
+def peek_bodies(sqs: Any, url: str, limit: int = 1000) -> list[str]:
+    """The bodies of the visible messages of a queue, left in it (visible again at once)."""
+    seen: dict[str, dict[str, Any]] = {}
+    while len(seen) < limit:
+        reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, WaitTimeSeconds=0)
+        fresh = [m for m in reply.get("Messages", []) if m["MessageId"] not in seen]
+        if not fresh:
+            break
+        seen.update((m["MessageId"], m) for m in fresh)
+    messages = list(seen.values())
+    for start in range(0, len(messages), 10):
+        sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+            for i, m in enumerate(messages[start:start + 10])])
+    return [m["Body"] for m in messages]
+
+
+class EmfTotals:
+    """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key).
+
+    ``totals`` has an entry (possibly 0) for every metric name seen, so a metric that was
+    emitted with value 0 still counts as emitted.
+    """
+
+    def __init__(self) -> None:
+        self.totals: Counter[str] = Counter()
+
+    def add_line(self, line: str) -> None:
+        start = line.find("{")
+        if start < 0 or '"_aws"' not in line:
+            return
+        try:
+            document = json.loads(line[start:])
+        except ValueError:
+            return
+        if isinstance(document, dict) and isinstance(document.get("_aws"), dict):
+            self.add_document(document)
+
+    def add_document(self, document: Mapping[str, Any]) -> None:
+        for directive in document["_aws"].get("CloudWatchMetrics", []):
+            for metric in directive.get("Metrics", []):
+                name = metric.get("Name")
+                value = document.get(name)
+                values = value if isinstance(value, list) else [value]
+                total = sum(v for v in values if isinstance(v, int | float) and not isinstance(v, bool))
+                # Counts are whole numbers; other units (ms...) keep their fraction.
+                self.totals[name] += int(total) if float(total).is_integer() else cast(int, total)
+
+    def clear(self) -> None:
+        self.totals = Counter()
+
+
+class LogGroupMetrics(EmfTotals):
+    """EMF totals read from CloudWatch Logs groups, incrementally from ``since_ms``.
+
+    Events are read again with a few seconds of overlap (log delivery is not ordered across
+    streams) and de-duplicated by (stream, timestamp, message).
+    """
+
+    OVERLAP_MS = 5_000
+
+    def __init__(self, logs: Any, groups: Iterable[str], since_ms: int | None = None) -> None:
+        super().__init__()
+        self.logs = logs
+        self.groups = list(groups)
+        self.restart(since_ms)
+
+    def restart(self, since_ms: int | None = None) -> None:
+        self.clear()
+        self._since = int(time.time() * 1000) if since_ms is None else since_ms
+        self._watermark = {g: self._since for g in self.groups}
+        self._seen: dict[tuple[str, int, str], None] = {}
+
+    def refresh(self) -> Counter[str]:
+        for group in self.groups:
+            kwargs: dict[str, Any] = {"logGroupName": group, "filterPattern": '"_aws"',
+                                      "startTime": max(self._since, self._watermark[group] - self.OVERLAP_MS)}
+            while True:
+                try:
+                    reply = self.logs.filter_log_events(**kwargs)
+                except self.logs.exceptions.ResourceNotFoundException:
+                    break  # nothing logged yet
+                for event in reply.get("events", []):
+                    key = (event.get("logStreamName", ""), int(event["timestamp"]), event.get("message", ""))
+                    if key in self._seen:
+                        continue
+                    self._seen[key] = None
+                    self._watermark[group] = max(self._watermark[group], key[1])
+                    self.add_line(key[2])
+                if not reply.get("nextToken"):
+                    break
+                kwargs["nextToken"] = reply["nextToken"]
+        floor = min(self._watermark.values()) - 2 * self.OVERLAP_MS
+        self._seen = {k: None for k in self._seen if k[1] >= floor}
+        return Counter(self.totals)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable[[], str],
+               step: Callable[[float], None]) -> None:
+    """Call ``step(seconds_left)`` until ``condition()``; TimeoutError with ``describe()`` at the deadline.
+    ``step`` does the waiting (a long poll, a batch of work), so this loop never sleeps by itself."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"not done after {timeout:g} s: {describe()}")
+        step(left)
+
+
+# ---------------------------------------------------------------------------------------------
+# The interface
+# ---------------------------------------------------------------------------------------------
+
+class Stack(ABC):
+    """template.yaml running locally with Redis and the Sume simulator; a context manager that
+    starts what it needs on enter and stops what it started on exit.
+
+    Subclasses set, while starting: ``clock``, ``sim``, ``redis_server`` (a
+    tools.services.RedisServer: stop and start it for an outage), ``redis_url``, ``parameters`` (the
+    template parameters it runs with), ``outputs`` (the stack's outputs by output name),
+    ``client`` (boto3 client factory on the stack's endpoint), ``schedules`` (scheduled
+    functions, fan-out first), ``table`` and ``sink``.
+    """
+
+    name: str
+    parameters: dict[str, str]
+    schedules: list[str]
+    clock: Clock
+    sim: Any  # tools.sume_sim.SumeSimulator
+    redis_server: Any  # tools.services.RedisServer
+    redis_url: str
+    outputs: dict[str, str]
+    client: Callable[[str], Any]
+    table: JobTable
+    sink: EventSink
+
+    def __init__(self) -> None:
+        self._exit = ExitStack()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @abstractmethod
+    def _start(self, stack: ExitStack) -> None:
+        """Start everything (register every stop on ``stack``)."""
+
+    def __enter__(self) -> Self:
+        try:
+            self._start(self._exit)
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._exit.close()
+
+    # -- driving --------------------------------------------------------------------------------
+    @abstractmethod
+    def invoke(self, logical_id: str, event: Any) -> Any:
+        """Invoke a function of the template (by logical id) synchronously; its reply. A
+        function error raises."""
+
+    def submit(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Invoke the submit function with ``event``; its reply."""
+        reply: dict[str, Any] = self.invoke("SubmitFunction", event)
+        return reply
+
+    def fanout(self) -> dict[str, Any]:
+        """Run fan-out now, as its schedule would; its report."""
+        reply: dict[str, Any] = self.invoke("FanOutFunction", scheduled_event())
+        return reply
+
+    def run_schedules(self) -> dict[str, Any]:
+        """Run every scheduled function once now (fan-out first, then e.g. sweeps); replies by id."""
+        return {lid: self.invoke(lid, scheduled_event()) for lid in self.schedules}
+
+    @abstractmethod
+    def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None) -> None:
+        """Let the system work until ``until()``; with ``fanout_every``, also run every scheduled
+        function (fan-out, sweeps) every that many real seconds. TimeoutError saying what is
+        still pending after ``timeout`` s."""
+
+    @abstractmethod
+    def metric_totals(self) -> Counter[str]:
+        """Sum per metric name of the EMF lines the functions printed since the start or the
+        last :meth:`reset` (an entry for every name seen, even if its sum is 0)."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """A clean slate between tests: fresh AWS state, empty Redis, simulator reset."""
+
+    # -- reading (shared) -----------------------------------------------------------------------
+    @property
+    def queue_url(self) -> str:
+        return self.outputs["PollQueueUrl"]
+
+    @property
+    def dlq_url(self) -> str:
+        return self.outputs["PollDeadLetterQueueUrl"]
+
+    def records(self, job_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every job record, or those of ``job_ids`` (the ones that exist)."""
+        if job_ids is None:
+            return self.table.scan()
+        return list(self.table.batch_get(job_ids).values())
+
+    def record(self, job_id: str) -> dict[str, Any] | None:
+        return self.table.get(job_id)
+
+    def events(self) -> list[dict[str, Any]]:
+        """Details of every terminal event received so far (since the last :meth:`reset`)."""
+        self.sink.drain()
+        return list(self.sink.received)
+
+    def queue_depth(self) -> int:
+        return queue_depth(self.client("sqs"), self.queue_url)
+
+    def dlq_depth(self) -> int:
+        return queue_depth(self.client("sqs"), self.dlq_url)
+
+    def dlq_bodies(self) -> list[str]:
+        return peek_bodies(self.client("sqs"), self.dlq_url)
+
+    def send(self, body: str, delay_seconds: int = 0) -> None:
+        """Put a message on the poll queue (as submit or fan-out would)."""
+        self.client("sqs").send_message(QueueUrl=self.queue_url, MessageBody=body, DelaySeconds=delay_seconds)
+
+    def settled(self, job_ids: Iterable[str]) -> bool:
+        """Every one of ``job_ids`` is recorded terminal with its event published."""
+        ids = list(job_ids)
+        found = self.table.batch_get(ids)
+        return len(found) == len(set(ids)) and all(
+            r.get("status") != "pending" and not r.get("event_pending") for r in found.values())
+
+    def pending_summary(self, job_ids: Iterable[str] | None = None) -> str:
+        """What is not finished, for timeout messages."""
+        ids = None if job_ids is None else list(job_ids)
+        records = self.records(ids)
+        by = Counter(str(r.get("status")) for r in records)
+        unsent = sum(1 for r in records if r.get("event_pending"))
+        missing = len(set(ids)) - len(records) if ids is not None else 0
+        return (f"records by status {dict(by)}, {unsent} events unpublished, {missing} not recorded, "
+                f"poll queue {self.queue_depth()}, DLQ {self.dlq_depth()}")
+
+    def _reset_services(self) -> None:
+        """The shared part of :meth:`reset`: Redis emptied and the simulator reset."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            client.flushall()
+        finally:
+            client.close()
+        self.sim.reset()

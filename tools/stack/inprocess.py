@@ -1,0 +1,387 @@
+"""InProcessStack: the template's handlers run in this process, on moto server, against a real
+redis-server and the Sume simulator. No deploy step; seconds to start.
+
+Starting it provisions the template's tables, queues and buckets in moto (tools.template),
+stores the Sume key as the SSM SecureString the template names, sets this process's environment
+to the functions' (Globals + each function's Environment, resolved with the stack's parameters)
+and loads each handler from the template. The stack then plays the two AWS parts that moto does
+not run: the SQS event source mapping of the poll function (:meth:`pump`, :meth:`deliver`:
+receive up to the mapping's BatchSize, invoke, delete what succeeded; DelaySeconds and the
+queue's redrive policy are moto's own) and the schedules of fan-out and sweeps (:meth:`drive`,
+at the template's rate or ``fanout_every``).
+
+Test hooks: ``receive()`` and ``deliver(messages, duplicate=True)`` (each message twice in one
+batch) play the event source by hand; ``make_visible(messages)`` ends their visibility timeout;
+``redis_server`` can be stopped and started (an outage); ``step_hook`` is set on the poll
+runner's poller before every batch (it may raise any BaseException: the invocation crashes and,
+as in Lambda, the whole batch stays undeleted); ``last_report`` and ``outcomes`` come from the
+batch runner's BatchReport.
+
+Handler logs go to ``log_path``; what a handler prints on stdout - Powertools' EMF lines - is
+collected for :meth:`metric_totals` and written to the same file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import re
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import IO, Any
+
+from tools.stack.base import (
+    CREDENTIALS,
+    REGION,
+    SCRATCH,
+    TEMPLATE,
+    EmfTotals,
+    EventSink,
+    JobTable,
+    Stack,
+    aws_clients,
+    deployed_functions,
+    prune_stale,
+    scheduled_functions,
+    stack_parameters,
+    wait_until,
+)
+
+#: Suffix of the copy of a message that ``duplicate=True`` delivers in the same batch.
+DUPLICATE_SUFFIX = "-dup"
+#: How long :meth:`InProcessStack.drive` waits when the queue has nothing visible.
+IDLE_POLL_S = 0.05
+
+
+def _rate_seconds(expression: str) -> float:
+    """Real seconds between runs of ``rate(N unit)`` (other expressions: a minute)."""
+    match = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", expression.strip())
+    if not match:
+        return 60.0
+    unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
+    return float(int(match.group(1)) * unit)
+
+
+def _environment_changed() -> None:
+    """What a fresh Lambda container would read from the environment: the layer's cached parts,
+    Powertools Parameters' providers (their clients and cached secrets: another stack in this
+    process may have used another endpoint and key), and Powertools Metrics' namespace and
+    service (this process may have imported the layer before the functions' environment was set)."""
+    from aws_lambda_powertools.utilities import parameters
+
+    from sume_poller import runtime
+    from sume_poller.observability import metrics
+
+    runtime.reset()
+    parameters.clear_caches()  # type: ignore[no-untyped-call]
+    metrics.namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE")
+    metrics.service = os.environ.get("POWERTOOLS_SERVICE_NAME")
+
+
+class _ThreadOutput(io.TextIOBase):
+    """``sys.stdout`` while a handler runs: what the invoking thread writes is kept (for the EMF
+    lines), what other threads write (a live display, a test runner) passes through."""
+
+    def __init__(self, passthrough: Any) -> None:
+        self.passthrough = passthrough
+        self._thread = threading.get_ident()
+        self._kept: list[str] = []
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() == self._thread:
+            self._kept.append(text)
+            return len(text)
+        return int(self.passthrough.write(text))
+
+    def flush(self) -> None:
+        self.passthrough.flush()
+
+    def lines(self) -> list[str]:
+        return [line for line in "".join(self._kept).splitlines() if line.strip()]
+
+
+@dataclass
+class Delivery:
+    """One invocation of the poll function: what went in and what came out."""
+
+    messages: list[dict[str, Any]]
+    report: Any  # sume_poller.batch.BatchReport, None when the invocation crashed
+    failed: set[str]  # message ids left for SQS to deliver again
+    crash: BaseException | None = None
+
+
+class InProcessStack(Stack):
+    """See the module docstring. ``parameters`` are template parameters (over the local
+    defaults); ``env`` sets function environment variables directly, for values the template's
+    parameter limits do not allow (e.g. ``CLAIM_TTL_SECONDS`` below 31); ``fast_retry`` makes
+    failed records and crashed batches visible again at once instead of after the queue's
+    visibility timeout."""
+
+    name = "handlers in-process on moto server"
+
+    def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
+                 env: Mapping[str, str] | None = None, sim_options: Mapping[str, Any] | None = None,
+                 fast_retry: bool = True, log_path: Path | None = None) -> None:
+        super().__init__()
+        self.time_scale = time_scale
+        self._overrides = dict(parameters or {})
+        self._env = dict(env or {})
+        self._sim_options = dict(sim_options or {})
+        self.fast_retry = fast_retry
+        self.log_path = log_path or SCRATCH / "logs" / f"{os.getpid()}-handlers.log"
+        self.step_hook: Callable[[str, str], None] | None = None
+        self.last_report: Any = None
+        self.outcomes: Counter[str] = Counter()
+        self.crashes = 0
+        self.last_crash: BaseException | None = None
+        self._emf = EmfTotals()
+
+    # -- starting ---------------------------------------------------------------------------------
+    def _start(self, stack: ExitStack) -> None:
+        from sume_poller.clock import Clock
+        from tools.services import MotoServer, RedisServer
+        from tools.sume_sim import SumeSimulator
+        from tools.template import load_template
+
+        self.clock = Clock(self.time_scale)
+        self.api_key = "sume_local_" + uuid.uuid4().hex
+        self.redis_server = stack.enter_context(RedisServer())
+        self.moto = stack.enter_context(MotoServer())
+        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
+                                                     **self._sim_options))
+        self.redis_url = self.redis_server.url
+        self.client = aws_clients(self.moto.endpoint_url)
+        self.template = load_template(TEMPLATE)
+        self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
+        saved = dict(os.environ)
+        stack.callback(self._restore_environment, saved)
+        self._capture_output(stack)
+        self._provision()
+        self.modules = {lid: self._load_handler(lid) for lid in self.specs}
+
+    def _provision(self) -> None:
+        """Create the template's resources in moto and point the functions' environment at them."""
+        from tools.template import Resolver, TemplateError, function_spec, provision
+
+        resolver = Resolver(self.template, parameters=self.parameters, region=REGION)
+        provision(self.template, resolver, self.moto.endpoint_url, REGION)
+        self.outputs = {}
+        for name, output in (self.template.get("Outputs") or {}).items():
+            if output.get("Condition") and not resolver.condition(output["Condition"]):
+                continue
+            try:
+                self.outputs[name] = str(resolver.resolve(output["Value"], f"Outputs.{name}"))
+            except TemplateError:
+                continue
+        self.specs = {lid: function_spec(self.template, lid, resolver)
+                      for lid in deployed_functions(self.template, resolver.condition)}
+        self.schedules = scheduled_functions(self.template, self.specs)
+        self.schedule_period = min((_rate_seconds(resolver.resolve(e["Properties"]["Schedule"], lid))
+                                    for lid in self.schedules
+                                    for e in self.template["Resources"][lid]["Properties"]["Events"].values()
+                                    if e.get("Type") in ("Schedule", "ScheduleV2")), default=60.0)
+        self._next_schedule = time.monotonic() + self.schedule_period
+        self.batch_size, self.queue_arn = self._poll_event_source(resolver)
+        self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
+                                         Type="SecureString", Overwrite=True)
+        bus = str(resolver.parameter("EventBusName"))
+        if bus != "default":
+            self.client("events").create_event_bus(Name=bus)
+        self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
+        self.sink = EventSink(self.client("sqs"), self.client("events"), bus)
+        self._apply_environment()
+
+    def _poll_event_source(self, resolver: Any) -> tuple[int, str]:
+        """BatchSize and queue ARN of the poll function's SQS event, as the template resolves them."""
+        events = (self.template["Resources"]["PollFunction"]["Properties"].get("Events") or {}).values()
+        sqs = next(e for e in events if e.get("Type") == "SQS")
+        props = resolver.resolve(sqs["Properties"], "Resources.PollFunction.Properties.Events")
+        return int(props.get("BatchSize", 10)), str(props["Queue"])
+
+    def _apply_environment(self) -> None:
+        """One process runs every function: set the union of their variables (they must agree)."""
+
+        env: dict[str, str] = {}
+        for spec in self.specs.values():
+            for key, value in spec.environment.items():
+                if env.setdefault(key, value) != value:
+                    raise ValueError(f"functions disagree on {key}: {env[key]!r} vs {value!r}")
+        env.update(CREDENTIALS)
+        env.update(AWS_ENDPOINT_URL=self.moto.endpoint_url, POWERTOOLS_METRICS_DISABLED="false")
+        env.update(self._env)
+        os.environ.update(env)
+        for spec in self.specs.values():  # what /opt/python is in Lambda
+            for layer in spec.layer_dirs:
+                if str(layer) not in sys.path:
+                    sys.path.insert(0, str(layer))
+        _environment_changed()
+
+    @staticmethod
+    def _restore_environment(saved: dict[str, str]) -> None:
+        os.environ.clear()
+        os.environ.update(saved)
+        _environment_changed()
+
+    def _capture_output(self, stack: ExitStack) -> None:
+        """Handler logs (Powertools Logger) to ``log_path``."""
+        from sume_poller.observability import logger
+
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        prune_stale(SCRATCH / "logs")
+        self._log: IO[str] = stack.enter_context(open(self.log_path, "a", encoding="utf-8"))  # noqa: SIM115
+        for handler in logger.handlers:
+            if hasattr(handler, "setStream"):
+                previous = handler.setStream(self._log)
+                stack.callback(handler.setStream, previous)
+
+    def _load_handler(self, logical_id: str) -> ModuleType:
+        spec = self.specs[logical_id]
+        module_name = spec.handler.rsplit(".", 1)[0]
+        path = spec.code_dir / f"{module_name.replace('.', '/')}.py"
+        loader = importlib.util.spec_from_file_location(f"_stack_handler_{logical_id}", path)
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        loader.loader.exec_module(module)
+        return module
+
+    # -- invoking ---------------------------------------------------------------------------------
+    def invoke(self, logical_id: str, event: Any) -> Any:
+        """Call a function's handler with ``event`` and a fresh Lambda context."""
+        from tools.local_invoke import make_context
+
+        spec = self.specs[logical_id]
+        handler = getattr(self.modules[logical_id], spec.handler.rsplit(".", 1)[1])
+        output = _ThreadOutput(sys.stdout)
+        sys.stdout = output
+        try:
+            return handler(event, make_context(spec))
+        finally:
+            sys.stdout = output.passthrough
+            for line in output.lines():  # Powertools prints each EMF document on stdout
+                self._emf.add_line(line)
+                self._log.write(line + "\n")
+
+    # -- the SQS event source mapping ---------------------------------------------------------------
+    def receive(self, max_messages: int | None = None, wait_seconds: int = 0) -> list[dict[str, Any]]:
+        """Receive up to ``max_messages`` (default: the mapping's BatchSize) from the poll queue."""
+        reply = self.client("sqs").receive_message(
+            QueueUrl=self.queue_url, MaxNumberOfMessages=max_messages or self.batch_size,
+            WaitTimeSeconds=wait_seconds, AttributeNames=["All"], MessageAttributeNames=["All"])
+        return list(reply.get("Messages", []))
+
+    def _record(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        """A received message in the shape Lambda's SQS event source delivers it."""
+        return {"messageId": message["MessageId"], "receiptHandle": message["ReceiptHandle"],
+                "body": message["Body"], "attributes": dict(message.get("Attributes", {})),
+                "messageAttributes": dict(message.get("MessageAttributes", {})),
+                "md5OfBody": message.get("MD5OfBody", ""), "eventSource": "aws:sqs",
+                "eventSourceARN": self.queue_arn, "awsRegion": REGION}
+
+    def _poll_runner(self) -> Any:
+        """The handler's batch runner, with the stack's step hook and a report tap."""
+        from sume_poller import runtime
+
+        runner = runtime.poll_runner()
+        if not getattr(runner, "_stack_tap", False):
+            run = runner.run
+
+            def tapped(event: dict[str, Any], remaining_ms: Callable[[], int]) -> Any:
+                report = run(event, remaining_ms)
+                self.last_report = report
+                return report
+
+            setattr(runner, "run", tapped)  # noqa: B010 - an instance attribute over the method
+            setattr(runner, "_stack_tap", True)  # noqa: B010
+        runner.poller.step_hook = self.step_hook
+        return runner
+
+    def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
+        """Invoke the poll function with ``messages`` (as received); delete the successes.
+
+        ``duplicate``: each message is in the batch twice (at-least-once delivery). A handler
+        that raises (any BaseException but KeyboardInterrupt) is a crashed invocation: nothing is
+        deleted and the crash is returned, not raised.
+        """
+        records = [self._record(m) for m in messages]
+        if duplicate:
+            records += [{**r, "messageId": r["messageId"] + DUPLICATE_SUFFIX} for r in records]
+        self._poll_runner()
+        self.last_report = None
+        sqs = self.client("sqs")
+        try:
+            reply = self.invoke("PollFunction", {"Records": records})
+        except KeyboardInterrupt:
+            raise
+        except BaseException as crash:  # Lambda reports anything that escapes as a crash
+            self.crashes += 1
+            self.last_crash = crash
+            if self.fast_retry:
+                self.make_visible(messages)
+            return Delivery(messages, None, {m["MessageId"] for m in messages}, crash)
+        failed = {f["itemIdentifier"].removesuffix(DUPLICATE_SUFFIX) for f in reply.get("batchItemFailures", [])}
+        if self.last_report is not None:
+            self.outcomes.update(self.last_report.counts())
+        done = [m for m in messages if m["MessageId"] not in failed]
+        for start in range(0, len(done), 10):
+            sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done[start:start + 10])])
+        if self.fast_retry:
+            self.make_visible([m for m in messages if m["MessageId"] in failed])
+        return Delivery(messages, self.last_report, failed)
+
+    def make_visible(self, messages: list[dict[str, Any]]) -> None:
+        """What SQS does once a message's visibility timeout runs out: it may be received again."""
+        for start in range(0, len(messages), 10):
+            self.client("sqs").change_message_visibility_batch(QueueUrl=self.queue_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                for i, m in enumerate(messages[start:start + 10])])
+
+    def pump(self, *, duplicate: bool = False, wait_seconds: int = 0) -> int:
+        """One event-source cycle: receive a batch and deliver it; how many messages."""
+        messages = self.receive(wait_seconds=wait_seconds)
+        if messages:
+            self.deliver(messages, duplicate=duplicate)
+        return len(messages)
+
+    def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None,
+              duplicate: bool = False) -> None:
+        """Play the event source mapping and the schedules (at the template's rate, or every
+        ``fanout_every`` s) until ``until()``; ``duplicate`` delivers every message twice."""
+        period = fanout_every or self.schedule_period
+        self._next_schedule = min(self._next_schedule, time.monotonic() + period)
+
+        def step(left: float) -> None:
+            if time.monotonic() >= self._next_schedule:
+                self.run_schedules()
+                self._next_schedule = time.monotonic() + period
+            if not self.pump(duplicate=duplicate):
+                time.sleep(min(IDLE_POLL_S, left))
+
+        def describe() -> str:
+            crash = f"; {self.crashes} crashed invocations, the last: {self.last_crash!r}" if self.crashes else ""
+            return self.pending_summary() + crash
+
+        wait_until(until, timeout, describe, step)
+
+    # -- state --------------------------------------------------------------------------------------
+    def metric_totals(self) -> Counter[str]:
+        return Counter(self._emf.totals)
+
+    def reset(self) -> None:
+        self._reset_services()
+        self.moto.reset()
+        self._provision()
+        self._emf.clear()
+        self.outcomes.clear()
+        self.last_report = None
+        self.crashes = 0
+        self.last_crash = None
