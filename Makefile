@@ -1,83 +1,133 @@
-# sume-poller: everything a fresh machine needs, from the package index only.
-#   make demo          - sam build + sam deploy of template.yaml into ministack (no Docker), with
-#                        Redis and the Sume simulator; submit jobs, watch them live, print a summary
-#   make demo-handlers - the same jobs through the handlers in-process on moto server (no deploy)
-#   make test          - lint, type-check, sam validate --lint, sam build, then the whole test suite
-#                        (including the end-to-end test that deploys into ministack)
-PYTHON ?= python3.11
-VENV   := .venv
+# sume-poller. The Makefile owns the virtualenvs: Python code never installs packages, it fails
+# with "... missing: run make setup". Every service a target needs (redis-server, moto, ministack,
+# the Sume simulator) is started by the tools themselves on free 127.0.0.1 ports. No Docker.
+#
+#   make setup             the four virtualenvs (in parallel) and redis-server
+#   make lint              ruff, mypy, sam validate --lint, cfn-lint, checkov (offline)
+#   make build             sam build
+#   make test              lint + build + the unit, integration and e2e tiers (in parallel,
+#                          each logged to .scratch/logs/<tier>.log, printed as it finishes)
+#   make test-unit | test-integration | test-e2e
+#   make demo              jobs through template.yaml deployed into ministack (DEMO_ARGS="--backend
+#                          inprocess --jobs 100 --time-scale 0.05 --param ReadsPerMinute=600")
+#   make bench             benchmarks (BENCH_ARGS="--quick")
+#   make invoke FN=SubmitFunction EVENT=events/submit_image.json   Docker-free sam local invoke
+#   make sim               the Sume simulator on :8787
+#   make status | redrive  a deployed stack (STACK=name, CONFIG_ENV=default|dev|prod; with
+#                          AWS_ENDPOINT_URL=... against ministack)
+#   make logs FN=PollFunction   sam logs of a deployed stack's function
+#   make clean
+PYTHON  ?= python3.11
+VENV    := .venv
 SAMVENV := .venv-sam
-MSVENV := .venv-ministack
-PY     := $(VENV)/bin/python
-SAM    := $(SAMVENV)/bin/sam
+MSVENV  := .venv-ministack
+CKVENV  := .venv-checkov
+PY      := $(VENV)/bin/python
+# Python entry points import the layer's package as Lambda does from /opt/python (pytest has
+# the same path in pyproject.toml). Not exported: ministack's Lambdas must use the built layer.
+PYRUN   := PYTHONPATH=layers/sume_poller $(PY)
+SAM     := $(SAMVENV)/bin/sam
+VENVS   := $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed
+CONFIG_ENV ?= default
+FN      ?= PollFunction
+EVENT   ?= events/submit_image.json
 export SAM_CLI_TELEMETRY := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup test lint typecheck sam-validate sam-build unit integration e2e demo demo-handlers sim invoke bench clean
+.PHONY: setup redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
+        redrive logs clean
 
-$(VENV)/.installed: requirements-dev.txt layers/sume_poller/requirements.txt
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-dev.txt
-	touch $@
+# -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
+# $(call venv,DIR,PIP-ARGS): create DIR if needed, pip install into it (its output goes to
+# .scratch/logs/DIR.log, printed only if pip fails), mark it installed. --no-compile: modules
+# are byte-compiled when first imported instead of all at install (most are never imported).
+define venv
+	@mkdir -p .scratch/logs
+	@echo "installing $(1) ($(2))"
+	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	@$(1)/bin/python -m pip install --no-compile $(2) >.scratch/logs/$(1).log 2>&1 \
+		|| { cat .scratch/logs/$(1).log; echo "pip install into $(1) failed (log above)"; exit 1; }
+	@touch $(1)/.installed
+endef
 
-# aws-sam-cli pins boto3 and friends: it gets a virtualenv of its own.
-$(SAMVENV)/.installed:
-	$(PYTHON) -m venv $(SAMVENV)
-	$(SAMVENV)/bin/pip install -q --upgrade pip
-	$(SAMVENV)/bin/pip install -q aws-sam-cli
-	touch $@
+$(VENV)/.installed: requirements-dev.txt layers/sume_poller/requirements.txt \
+                    layers/sume_poller/requirements-tracing.txt
+	$(call venv,$(VENV),-r requirements-dev.txt)
 
-# ministack pins botocore exactly: its own virtualenv, installed in ONE pip command so the pin
-# holds. boto3 must be in it: the deployed Lambdas run on ministack's own interpreter.
-$(MSVENV)/.installed:
-	$(PYTHON) -m venv $(MSVENV)
-	$(MSVENV)/bin/pip install -q --upgrade pip
-	$(MSVENV)/bin/pip install -q ministack boto3 aws-sam-translator
-	touch $@
+# aws-sam-cli pins boto3 and friends: a virtualenv of its own (cfn-lint lives here too).
+$(SAMVENV)/.installed: scripts/requirements-sam.txt
+	$(call venv,$(SAMVENV),-r scripts/requirements-sam.txt)
 
-setup: $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
-	./scripts/ensure-redis.sh
+# ministack pins botocore exactly: one pip command, so the pin holds.
+$(MSVENV)/.installed: scripts/requirements-ministack.txt
+	$(call venv,$(MSVENV),-r scripts/requirements-ministack.txt)
 
-lint: $(VENV)/.installed
+# checkov pins boto3 exactly: a virtualenv of its own.
+$(CKVENV)/.installed: scripts/requirements-checkov.txt
+	$(call venv,$(CKVENV),-r scripts/requirements-checkov.txt)
+
+# The benchmarks' plotting and fitting packages, only for make bench.
+$(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
+	$(VENV)/bin/python -m pip install --quiet --no-compile -r bench/requirements.txt
+	@touch $@
+
+setup:
+	@$(MAKE) --no-print-directory -j4 $(VENVS) redis
+
+redis:
+	@./scripts/ensure-redis.sh
+
+# -- checks ------------------------------------------------------------------------------------
+lint: $(VENV)/.installed $(SAMVENV)/.installed $(CKVENV)/.installed
 	$(VENV)/bin/ruff check .
-
-typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
-
-sam-validate: $(SAMVENV)/.installed
 	$(SAM) validate --lint
+	$(SAMVENV)/bin/cfn-lint template.yaml
+	$(CKVENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
-sam-build: $(SAMVENV)/.installed
+build: $(SAMVENV)/.installed
 	$(SAM) build
 
-unit: $(VENV)/.installed
-	$(PY) -m pytest -m "not integration and not e2e"
+test-unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit -m "not integration and not e2e"
 
-test: setup lint typecheck sam-validate sam-build
-	$(PY) -m pytest
+test-integration: $(VENV)/.installed redis
+	$(PY) -m pytest tests/integration -m integration -n 4 --dist loadfile
 
-e2e: setup
-	$(PY) -m pytest -m e2e
+test-e2e: setup
+	$(PY) -m pytest tests/e2e -m e2e
 
-# DEMO_ARGS="--jobs 100 --time-scale 0.3" to change the run; see python -m tools.demo --help
+# The integration and e2e tiers mostly wait (on SQS delays, a compressed clock, deployed
+# Lambdas): all three tiers run at once, each into its own log, printed when it finishes.
+test: setup
+	@$(MAKE) --no-print-directory lint build
+	@./scripts/run-tiers.sh unit integration e2e
+
+# -- running it --------------------------------------------------------------------------------
 demo: setup
-	$(PY) -m tools.demo $(DEMO_ARGS)
+	$(PYRUN) -m tools.demo $(DEMO_ARGS)
 
-demo-handlers: setup
-	$(PY) -m tools.demo --backend handlers $(DEMO_ARGS)
+bench: setup $(VENV)/.bench-installed
+	$(PYRUN) -m bench $(BENCH_ARGS)
+
+# Docker-free `sam local invoke`; env.json points the functions at local endpoints (Sume on
+# :8787 from make sim, Redis on :6379, AWS at $$AWS_ENDPOINT_URL). RedisUrl has no default in
+# the template, so the template needs a value to resolve at all; env.json's REDIS_URL wins.
+invoke: $(VENV)/.installed
+	$(PY) -m tools.local_invoke $(FN) -e $(EVENT) --env-vars env.json \
+		--parameter-overrides RedisUrl=redis://127.0.0.1:6379/0 LocalEndpoints=true
 
 sim: $(VENV)/.installed
-	$(PY) -m tools.sume_sim --port 8787
+	$(PYRUN) -m tools.sume_sim --port 8787
 
-# Docker-free `sam local invoke`: make invoke FN=SubmitFunction EVENT=events/submit_image.json [ENV=env.json]
-invoke: $(VENV)/.installed
-	$(PY) -m tools.local_invoke $(FN) -e $(EVENT) $(if $(ENV),--env-vars $(ENV))
+status: $(VENV)/.installed
+	$(PYRUN) -m tools.ops status --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
 
-# Benchmarks (issue #4): each figure a ratio against its baseline, measured in the same run.
-# Table on stdout and in .scratch/bench-results.md. BENCH_ARGS="--quick" (or --only 1,2 ...); python -m bench --help
-bench: setup
-	$(PY) -m bench $(BENCH_ARGS)
+redrive: $(VENV)/.installed
+	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
+
+logs: $(SAMVENV)/.installed
+	$(SAM) logs --config-env $(CONFIG_ENV) -n $(FN) $(if $(STACK),--stack-name $(STACK)) $(LOGS_ARGS)
 
 clean:
 	rm -rf .aws-sam .scratch .pytest_cache .mypy_cache .ruff_cache
