@@ -18,14 +18,15 @@ from sume_poller.observability import MetricUnit, logger, metrics, traced
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     report = runtime.sweeper(context.get_remaining_time_in_millis).run()
-    if report.ran:
-        for name, value in (("SweepReads", report.reads), ("SweepHandedOver", report.handed_over),
-                            ("SweepIncomplete", int(not report.complete)),
-                            ("SweepRouteBroken", int((report.incomplete_reason or "").startswith("route"))),
-                            ("SweepMiss", sum(missed for _, missed in report.coverage.values()))):
-            metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
-        for kind, (covered, _) in report.coverage.items():
-            with single_metric(name="SweepCovered", unit=MetricUnit.Count, value=covered) as metric:
-                metric.add_dimension(name="kind", value=kind)
+    # Every tick emits every sweep metric (zeros when it skipped), so an alarm on them sees data
+    # points, not gaps, and a skipped sweep reads as "nothing wrong" rather than "no data".
+    for name, value in (("SweepReads", report.reads), ("SweepHandedOver", report.handed_over),
+                        ("SweepIncomplete", int(report.ran and not report.complete)),
+                        ("SweepRouteBroken", int((report.incomplete_reason or "").startswith("route"))),
+                        ("SweepMiss", sum(missed for _, missed in report.coverage.values()))):
+        metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    for kind, (covered, _) in report.coverage.items():
+        with single_metric(name="SweepCovered", unit=MetricUnit.Count, value=covered) as metric:
+            metric.add_dimension(name="kind", value=kind)
     logger.info("sweep finished" if report.ran else "sweep skipped", extra=report.as_dict())
     return report.as_dict()
