@@ -166,6 +166,28 @@ def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(stack: De
     assert stack.dlq_depth() == 0
 
 
+def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
+    """Sume enforces 8 reads a minute where the stack was deployed with ReadsPerMinute=30: its
+    RateLimit-* headers and first 429s tighten the shared limiter for every poller, so a burst of
+    short jobs all finish (within JobMaxAgeSeconds) with few 429s, and a job seen terminal is never
+    read for status again (issue 12's livelock: each retry re-read the status and lost its result
+    fetch to a 429)."""
+    stack.sim.configure(read_budget={"per_minute": 8})
+    jobs = [submit(stack, {"duration": 5}) for _ in range(6)]
+
+    stack.drive(lambda: stack.settled(jobs), timeout=240)
+
+    records = stack.records(jobs)
+    assert {r["status"] for r in records} == {"completed"} and all(r.get("result_json") for r in records)
+    stats = stack.sim.stats()
+    per_job = [stats["jobs"][j] for j in jobs]
+    served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
+    assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
+    assert all(j["result_reads"] == 1 for j in per_job), per_job
+    assert stats["rate_limited"] <= 0.05 * served, (stats["rate_limited"], served)
+    assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
+
+
 def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
         stack: DeployedStack, template: Any, resolver: Resolver) -> None:
     watched = alarm_metrics(template, resolver)
