@@ -3,10 +3,10 @@
 # the Sume simulator) is started by the tools themselves on free 127.0.0.1 ports. No Docker.
 #
 #   make setup             the four virtualenvs (in parallel) and redis-server
-#   make lint              ruff, mypy, sam validate --lint, cfn-lint, checkov (offline)
+#   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline)
 #   make build             sam build
-#   make test              lint + build + the unit, integration and e2e tiers (in parallel,
-#                          each logged to .scratch/logs/<tier>.log, printed as it finishes)
+#   make test              lint, build and the unit, integration and e2e tiers, all at once
+#                          (each logged to .scratch/logs/<step>.log, printed as it finishes)
 #   make test-unit | test-integration | test-e2e
 #   make demo              jobs through template.yaml deployed into ministack (DEMO_ARGS="--backend
 #                          inprocess --jobs 100 --time-scale 0.05 --param ReadsPerMinute=600")
@@ -82,7 +82,6 @@ lint: $(VENV)/.installed $(SAMVENV)/.installed $(CKVENV)/.installed
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(SAM) validate --lint
-	$(SAMVENV)/bin/cfn-lint template.yaml
 	$(CKVENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
 build: $(SAMVENV)/.installed
@@ -98,10 +97,10 @@ test-e2e: setup
 	$(PY) -m pytest tests/e2e -m e2e
 
 # The integration and e2e tiers mostly wait (on SQS delays, a compressed clock, deployed
-# Lambdas): all three tiers run at once, each into its own log, printed when it finishes.
+# Lambdas): the checks and all three tiers run at once, each into its own log, printed when it
+# finishes. (e2e builds the template itself, into a directory of its own.)
 test: setup
-	@$(MAKE) --no-print-directory lint build
-	@./scripts/run-tiers.sh unit integration e2e
+	@./scripts/run-tiers.sh lint build unit integration e2e
 
 # -- running it --------------------------------------------------------------------------------
 demo: setup
