@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -792,12 +791,9 @@ def test_cli_reports_handler_exception(app_dir: Path) -> None:
 
 
 def test_cli_enforces_timeout(app_dir: Path) -> None:
-    started = time.monotonic()
     result = run_cli("Slow", "-e", "-", "-t", str(app_dir / "template.yaml"), stdin='{"loop": true}')
-    elapsed = time.monotonic() - started
     assert result.returncode == TIMEOUT_EXIT_CODE
     assert "Function timed out after 1 s" in result.stderr
-    assert elapsed < 8
 
 
 def test_cli_rejects_unknown_function(app_dir: Path) -> None:
@@ -855,12 +851,10 @@ def test_timeout_backstop_kills_a_handler_that_holds_the_gil(app_dir: Path, monk
     template = load_template(app_dir / "template.yaml")
     spec = function_spec(template, "Fn", Resolver(template))
     monkeypatch.setattr(local_invoke, "INIT_TIMEOUT_S", 0.5)
-    started = time.monotonic()
     result = invoke_subprocess(dataclasses.replace(spec, handler="busy.lambda_handler"), {}, timeout=1)
     assert result.returncode == TIMEOUT_EXIT_CODE
     assert "Function timed out after 1 s" in result.stderr
     assert result.payload["errorType"] == "Sandbox.Timedout"
-    assert time.monotonic() - started < 8
 
 
 def test_parse_parameter_overrides() -> None:
