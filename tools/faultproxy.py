@@ -34,8 +34,9 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Self
+
+from tools.services import Lifecycle
 
 __all__ = ["FaultProxy"]
 
@@ -221,7 +222,7 @@ class _Link:
         return True
 
 
-class FaultProxy:
+class FaultProxy(Lifecycle):
     """Forward ``127.0.0.1:port`` to ``target_host:target_port`` and apply the armed faults."""
 
     def __init__(self, target_host: str, target_port: int, port: int = 0, connect_timeout: float = 5.0) -> None:
@@ -266,17 +267,6 @@ class FaultProxy:
             for thread in link.threads:
                 if thread is not threading.current_thread():
                     thread.join(timeout=5.0)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # -- faults -----------------------------------------------------------------------------
 

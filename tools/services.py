@@ -82,7 +82,7 @@ def _stop_all() -> None:
         service.stop()
 
 
-class _Lifecycle:
+class Lifecycle:
     """``start()``/``stop()`` and their context manager."""
 
     def start(self) -> Self:
@@ -103,7 +103,7 @@ class _Lifecycle:
         self.stop()
 
 
-class _Service(_Lifecycle):
+class _Service(Lifecycle):
     """A child process on ``127.0.0.1:port`` with a readiness probe."""
 
     name = "service"
@@ -392,7 +392,7 @@ class _ClusterNode(RedisServer):
         ]  # fmt: skip
 
 
-class RedisCluster(_Lifecycle):
+class RedisCluster(Lifecycle):
     """``masters`` redis-server nodes in cluster mode without replicas, joined with
     ``redis-cli --cluster create``: the shape of ElastiCache cluster mode (and Serverless).
 

@@ -9,6 +9,7 @@ import redis
 
 from sume_poller.aws import reset_session
 from tools.services import MotoServer, RedisServer
+from tools.template import Provisioned, Resolver, load_template, provision
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +42,16 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     yield moto_server.endpoint_url
     moto_server.reset()
     reset_session()
+
+
+@pytest.fixture
+def template_resources(aws: str) -> Provisioned:
+    """template.yaml's table, queues and bucket created in moto (as the template declares them:
+    keys, indexes, redrive), named ``jobs``, ``poll``, ``poll-dlq`` and ``results``."""
+    template = load_template("template.yaml")
+    names = {"JobsTable": "jobs", "PollQueue": "poll", "PollDeadLetterQueue": "poll-dlq", "ResultBucket": "results"}
+    return provision(template, Resolver(template, parameters={"RedisUrl": "redis://redis.invalid:6379/0"}), aws,
+                     names=names)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

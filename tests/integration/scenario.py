@@ -19,6 +19,10 @@ FAST_LEASES = {"CLAIM_TTL_SECONDS": "2", "LEASE_MARGIN_SECONDS": "1", "START_LEA
 #: Leases that outlast any in-process invocation, for scenarios that count every read.
 SAFE_LEASES = {**FAST_LEASES, "CLAIM_TTL_SECONDS": "10", "LEASE_MARGIN_SECONDS": "5", "START_LEASE_SECONDS": "10"}
 NO_CREATE_BUDGET = {"CreatesPerMinute": 0, "CreatesPerDay": 0}
+#: The fault suite (test_faults_*.py): 50x fast, 12 jobs a scenario, leases that expire quickly.
+FAULT_SCALE = 0.02
+FAULT_JOBS = 12
+CLAIM_TTL_REAL = float(FAST_LEASES["CLAIM_TTL_SECONDS"])
 
 
 def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str, str],
@@ -38,6 +42,11 @@ def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str
         module_stack.fast_retry = True
 
     return module_stack, stack
+
+
+def fault_suite_fixtures() -> tuple[Any, Any]:
+    """The fault suite's (module_stack, stack): a 404 is read-after-create lag for 5 clock minutes."""
+    return stack_fixtures(FAULT_SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300}, FAST_LEASES)
 
 
 def submit(stack: InProcessStack, n: int, sim: dict[str, Any] | Callable[[int], dict[str, Any]],

@@ -20,23 +20,16 @@ from sume_poller.queue import PollQueue
 from sume_poller.settings import FanOutSettings
 from sume_poller.store import Ending, JobStore
 from tools.services import RedisServer
+from tools.template import Provisioned
 
 pytestmark = pytest.mark.integration
 NOW = Clock().now()
 
 
 @pytest.fixture
-def parts(aws: str, rdb: redis.Redis, redis_server: RedisServer) -> Iterator[dict[str, object]]:
-    ddb, sqs = boto3.client("dynamodb"), boto3.client("sqs")
-    ddb.create_table(
-        TableName="jobs", BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"},
-                              {"AttributeName": "pending_shard", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        GlobalSecondaryIndexes=[{"IndexName": "pending", "Projection": {"ProjectionType": "ALL"},
-                                 "KeySchema": [{"AttributeName": "pending_shard", "KeyType": "HASH"},
-                                               {"AttributeName": "job_id", "KeyType": "RANGE"}]}])
-    url = sqs.create_queue(QueueName="poll")["QueueUrl"]
+def parts(template_resources: Provisioned, rdb: redis.Redis,
+          redis_server: RedisServer) -> Iterator[dict[str, object]]:
+    sqs, url = boto3.client("sqs"), template_resources["PollQueue"]
     env = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": url, "REDIS_URL": redis_server.url, "LOCAL_ENDPOINTS": "true",
            "PENDING_SHARDS": "4", "READS_PER_MINUTE": "25", "READS_PER_DAY": "0", "START_LEASE_SECONDS": "600"}
     settings = FanOutSettings.from_env(env)

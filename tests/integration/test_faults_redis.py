@@ -9,16 +9,14 @@ import time
 import pytest
 import redis
 from invariants import check
-from scenario import FAST_LEASES, NO_CREATE_BUDGET, run, stack_fixtures, status_reads, submit
+from scenario import FAULT_JOBS, FAULT_SCALE, fault_suite_fixtures, run, status_reads, submit
 
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
 
-SCALE = 0.02
-JOBS = 12
-CLAIM_TTL_REAL = 2.0
-module_stack, stack = stack_fixtures(SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300}, FAST_LEASES)
+SCALE, JOBS = FAULT_SCALE, FAULT_JOBS
+module_stack, stack = fault_suite_fixtures()
 
 
 # == Redis ===========================================================================================

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import redis
+from scenario import stack_fixtures
 
 from tools.stack.base import wait_until
 from tools.stack.inprocess import InProcessStack
@@ -31,17 +31,7 @@ class Crash(BaseException):
     """What the crash hook raises: not an Exception, so nothing in the handler may swallow it."""
 
 
-@pytest.fixture(scope="module")
-def local_stack() -> Iterator[InProcessStack]:
-    with InProcessStack(time_scale=SCALE, parameters=PARAMETERS, env=ENV) as stack:
-        yield stack
-
-
-@pytest.fixture
-def stack(local_stack: InProcessStack) -> Iterator[InProcessStack]:
-    local_stack.reset()
-    yield local_stack
-    local_stack.step_hook = None
+module_stack, stack = stack_fixtures(SCALE, PARAMETERS, ENV)
 
 
 def submit(stack: InProcessStack, outcome: str = "completed", duration: float = 3.0, kind: str = "image") -> str:

@@ -9,23 +9,14 @@ import boto3
 import pytest
 
 from sume_poller.store import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
+from tools.template import Provisioned
 
 pytestmark = pytest.mark.integration
 NOW = 1_800_000_000.0
 
 
 @pytest.fixture
-def store(aws: str) -> JobStore:
-    ddb = boto3.client("dynamodb")
-    ddb.create_table(
-        TableName="jobs", BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[{"AttributeName": "job_id", "AttributeType": "S"},
-                              {"AttributeName": "pending_shard", "AttributeType": "S"}],
-        KeySchema=[{"AttributeName": "job_id", "KeyType": "HASH"}],
-        GlobalSecondaryIndexes=[{"IndexName": "pending", "Projection": {"ProjectionType": "ALL"},
-                                 "KeySchema": [{"AttributeName": "pending_shard", "KeyType": "HASH"},
-                                               {"AttributeName": "job_id", "KeyType": "RANGE"}]}])
-    boto3.client("s3").create_bucket(Bucket="results")
+def store(template_resources: Provisioned) -> JobStore:
     return JobStore("jobs", 4, results=ResultBucket("results"))
 
 

@@ -1,0 +1,405 @@
+"""The sample events in events/ (for `sam local invoke -e` / `make invoke`) keep their contract:
+
+* each file has the exact shape AWS sends for its trigger (SQS, EventBridge scheduled event,
+  Lambda function URL = API Gateway payload v2) and reads cleanly through Powertools' event data
+  classes, and it is aimed at a template function that really has that trigger;
+* each payload passes the project's own decoders: poll bodies through ``messages.parse_message``
+  (the v2 sample is byte for byte what the encoder writes; the v1 sample is still read; the
+  poison record is refused), submit events through ``Submitter.handle``, the webhook delivery
+  through ``WebhookReceiver`` with a re-signed copy;
+* a new events/*.json file fails :func:`test_every_event_file_has_a_contract` until it is added
+  to ``CONTRACT`` (and to the integration tier's tests/integration/test_events_invoke.py);
+* the v2 poll message schema (field names, types, what is always written) is pinned.
+
+Webhook signatures: ``webhook_delivery.json`` is signed with ``SAMPLE_SECRET`` at its own
+``x-sume-timestamp``. A static file is stale as soon as that timestamp is further than
+``WebhookToleranceSeconds`` from now, so these tests (and the integration tier) re-sign a copy
+with a test secret and a fresh timestamp before delivering it; the static file as it is must be
+refused as a replay. To try it by hand, re-sign the same way (see ``resign``).
+
+Unit tier: in-process fakes only, no network.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, LambdaFunctionUrlEvent, SQSEvent
+from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume
+
+from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, VERSION, MessageError, PollMessage, parse_message
+from sume_poller.schedule import profile_key
+from sume_poller.settings import SubmitSettings
+from sume_poller.submit import Submitter
+from sume_poller.sume import Created
+from sume_poller.webhook import WebhookReceiver, raw_body, signature
+from tools.template import load_template
+
+ROOT = Path(__file__).resolve().parents[2]
+EVENTS = ROOT / "events"
+
+#: Every sample event: the template function it is for and the trigger that sends it.
+CONTRACT: dict[str, tuple[str, str]] = {
+    "fanout_tick.json": ("FanOutFunction", "schedule"),
+    "sweep_tick.json": ("SweepFunction", "schedule"),
+    "poll_message.json": ("PollFunction", "sqs"),
+    "poll_message_v1.json": ("PollFunction", "sqs"),
+    "poll_malformed.json": ("PollFunction", "sqs"),
+    "poll_result_phase.json": ("PollFunction", "sqs"),
+    "submit_image.json": ("SubmitFunction", "invoke"),
+    "submit_video.json": ("SubmitFunction", "invoke"),
+    "submit_register.json": ("SubmitFunction", "invoke"),
+    "webhook_delivery.json": ("WebhookFunction", "url"),
+}
+#: Records that are poison on purpose (file -> message ids): they must fail to parse.
+POISON: dict[str, set[str]] = {"poll_malformed.json": {"2e1424d4-f796-459a-8184-9c92662be6da"}}
+#: The secret the static webhook sample is signed with (a sample value, never a real one).
+SAMPLE_SECRET = "whsec_sample_not_a_real_secret"
+TEST_SECRET = "whsec_unit_" + "5" * 32
+TOLERANCE = 300.0
+
+# The AWS sample event shapes (`sam local generate-event` / the Lambda developer guide).
+SQS_RECORD_KEYS = {"messageId", "receiptHandle", "body", "attributes", "messageAttributes", "md5OfBody",
+                   "eventSource", "eventSourceARN", "awsRegion"}
+SQS_ATTRIBUTE_KEYS = {"ApproximateReceiveCount", "SentTimestamp", "SenderId", "ApproximateFirstReceiveTimestamp"}
+SCHEDULED_KEYS = {"version", "id", "detail-type", "source", "account", "time", "region", "resources", "detail"}
+#: Function URL (payload format 2.0): the keys a request always has, and every key one may have.
+URL_REQUIRED_KEYS = {"version", "routeKey", "rawPath", "rawQueryString", "headers", "requestContext",
+                     "isBase64Encoded"}
+URL_KEYS = URL_REQUIRED_KEYS | {"cookies", "queryStringParameters", "body", "pathParameters", "stageVariables"}
+URL_CONTEXT_KEYS = {"accountId", "apiId", "domainName", "domainPrefix", "http", "requestId", "routeKey", "stage",
+                    "time", "timeEpoch"}
+URL_CONTEXT_OPTIONAL = {"authentication", "authorizer"}
+URL_HTTP_KEYS = {"method", "path", "protocol", "sourceIp", "userAgent"}
+
+
+def load(name: str) -> dict[str, Any]:
+    event: dict[str, Any] = json.loads((EVENTS / name).read_text(encoding="utf-8"))
+    return event
+
+
+def files(trigger: str) -> list[str]:
+    return sorted(name for name, (_, kind) in CONTRACT.items() if kind == trigger)
+
+
+def resign(event: dict[str, Any], secret: str, timestamp: int) -> dict[str, Any]:
+    """A copy of a function URL delivery signed now: X-Sume-Signature = "v1=" + hex
+    HMAC-SHA256(secret, "{timestamp}.{raw body}") (computed here independently of webhook.py)."""
+    fresh = copy.deepcopy(event)
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + raw_body(event), hashlib.sha256).hexdigest()
+    fresh["headers"].update({"x-sume-timestamp": str(timestamp), "x-sume-signature": f"v1={digest}"})
+    return fresh
+
+
+# ---------------------------------------------------------------------------------------------- coverage
+
+
+def test_every_event_file_has_a_contract() -> None:
+    """A new sample must be added to CONTRACT (and run by the integration tier) to pass."""
+    assert sorted(p.name for p in EVENTS.glob("*.json")) == sorted(CONTRACT)
+    assert not [p.name for p in EVENTS.iterdir() if p.suffix != ".json"], "events/ holds only JSON events"
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return dict(load_template(ROOT / "template.yaml"))
+
+
+@pytest.mark.parametrize("name", sorted(CONTRACT))
+def test_each_event_is_aimed_at_a_function_with_that_trigger(name: str, template: dict[str, Any]) -> None:
+    function, trigger = CONTRACT[name]
+    resource = template["Resources"][function]
+    assert resource["Type"] == "AWS::Serverless::Function"
+    props = resource["Properties"]
+    sources = {e["Type"] for e in (props.get("Events") or {}).values()}
+    expected = {"sqs": {"SQS"}, "schedule": {"Schedule"}, "url": set(), "invoke": set()}[trigger]
+    assert sources == expected, f"{function} is triggered by {sources}, {name} is a {trigger} event"
+    assert ("FunctionUrlConfig" in props) == (trigger == "url")
+
+
+# ---------------------------------------------------------------------------------------------- SQS
+
+
+@pytest.mark.parametrize("name", files("sqs"))
+def test_sqs_events_have_the_aws_shape(name: str) -> None:
+    raw = load(name)
+    assert set(raw) == {"Records"} and raw["Records"]
+    event = SQSEvent(raw)
+    ids = []
+    for record in event.records:
+        assert set(record.raw_event) == SQS_RECORD_KEYS
+        assert set(record.raw_event["attributes"]) == SQS_ATTRIBUTE_KEYS
+        ids.append(record.message_id)
+        assert re.fullmatch(r"[0-9a-f]{8}-([0-9a-f]{4}-){3}[0-9a-f]{12}", record.message_id)
+        assert record.receipt_handle
+        assert record.event_source == "aws:sqs"
+        assert re.fullmatch(r"arn:aws:sqs:us-east-1:\d{12}:[A-Za-z0-9_-]+", record.event_source_arn)
+        assert record.aws_region == "us-east-1"
+        assert record.queue_url.startswith("https://sqs.us-east-1.amazonaws.com/")
+        assert record.md5_of_body == hashlib.md5(record.body.encode()).hexdigest()  # what SQS computes
+        attributes = record.attributes
+        assert int(attributes.approximate_receive_count) >= 1
+        assert int(attributes.sent_timestamp) <= int(attributes.approximate_first_receive_timestamp)
+        assert attributes.sender_id
+        assert dict(record.message_attributes) == {}
+    assert len(set(ids)) == len(ids), "message ids are unique in a batch"
+
+
+@pytest.mark.parametrize("name", files("sqs"))
+def test_poll_bodies_decode_with_the_message_parser(name: str) -> None:
+    for record in SQSEvent(load(name)).records:
+        if record.message_id in POISON.get(name, set()):
+            with pytest.raises(MessageError):
+                parse_message(record.body)
+            continue
+        message = parse_message(record.body)
+        if json.loads(record.body)["v"] == VERSION:
+            assert record.body == message.to_json(), "a v2 sample is exactly what the encoder writes"
+
+
+def test_every_poison_record_is_in_its_file() -> None:
+    for name, poison in POISON.items():
+        assert poison <= {r.message_id for r in SQSEvent(load(name)).records}
+        assert len(poison) < len(load(name)["Records"]), "a poison sample also carries a good record"
+
+
+def test_poll_message_is_v2_and_the_v1_sample_is_still_read() -> None:
+    (v2,) = SQSEvent(load("poll_message.json")).records
+    (v1,) = SQSEvent(load("poll_message_v1.json")).records
+    assert json.loads(v2.body)["v"] == VERSION == 2
+    assert json.loads(v1.body)["v"] == 1
+    current, old = parse_message(v2.body), parse_message(v1.body)
+    assert current.token is not None and current.phase == STATUS_PHASE
+    assert old.token is None and old.seq == 0  # a v1 step without a token: its claim starts a chain
+    assert parse_message(old.next(token="0" * 32).to_json()).v == VERSION  # it is re-written as v2
+
+
+def test_the_result_phase_sample_is_a_handed_over_finishing_step() -> None:
+    (record,) = SQSEvent(load("poll_result_phase.json")).records
+    message = parse_message(record.body)
+    assert message.phase == RESULT_PHASE and message.found_by == "sweep" and message.seq > 0
+    assert message.outcome == {"status": "completed", "sume_status": "completed"}
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+
+
+@pytest.mark.parametrize("name", files("schedule"))
+def test_scheduled_events_have_the_aws_shape(name: str) -> None:
+    function, _ = CONTRACT[name]
+    raw = load(name)
+    assert set(raw) == SCHEDULED_KEYS
+    event = EventBridgeEvent(raw)
+    assert event.version == "0"
+    assert re.fullmatch(r"[0-9a-f-]{36}", event.get_id)
+    assert (event.source, event.detail_type, event.detail) == ("aws.events", "Scheduled Event", {})
+    assert re.fullmatch(r"\d{12}", event.account) and event.region == "us-east-1"
+    assert datetime.strptime(event.time, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    (rule,) = event.resources
+    assert re.fullmatch(rf"arn:aws:events:us-east-1:{event.account}:rule/sume-poller-{function}Tick-\w+", rule)
+
+
+# ---------------------------------------------------------------------------------------------- function URL
+
+
+def test_webhook_delivery_has_the_function_url_shape() -> None:
+    raw = load("webhook_delivery.json")
+    assert URL_REQUIRED_KEYS <= set(raw) <= URL_KEYS
+    assert URL_CONTEXT_KEYS <= set(raw["requestContext"]) <= URL_CONTEXT_KEYS | URL_CONTEXT_OPTIONAL
+    assert set(raw["requestContext"]["http"]) == URL_HTTP_KEYS
+    event = LambdaFunctionUrlEvent(raw)
+    assert (event.version, event.route_key, event.raw_path, event.raw_query_string) == ("2.0", "$default", "/", "")
+    context = event.request_context
+    assert (context.route_key, context.stage, context.http.method, context.http.path) == \
+        ("$default", "$default", "POST", "/")
+    assert context.account_id == "anonymous"  # AuthType NONE: no IAM caller
+    assert context.domain_name == f"{context.api_id}.lambda-url.us-east-1.on.aws" == event.headers["host"]
+    assert context.domain_prefix == context.api_id
+    assert 0 <= context.time_epoch - datetime.strptime(context.time, "%d/%b/%Y:%H:%M:%S %z").timestamp() * 1000 < 1000
+    assert all(name == name.lower() for name in event.headers), "function URLs deliver header names lowercased"
+    assert event.is_base64_encoded is False and event.body is not None
+    assert event.headers["content-type"] == "application/json"
+    assert int(event.headers["content-length"]) == len(raw_body(raw))
+    assert event.json_body["data"]["job_id"] and event.json_body["id"] == event.headers["x-sume-event-id"]
+
+
+def test_the_static_signature_is_the_documented_hmac_of_its_own_timestamp() -> None:
+    raw = load("webhook_delivery.json")
+    stamp = int(raw["headers"]["x-sume-timestamp"])
+    assert raw["headers"]["x-sume-signature"] == resign(raw, SAMPLE_SECRET, stamp)["headers"]["x-sume-signature"]
+    assert signature(SAMPLE_SECRET, str(stamp), raw_body(raw)) == raw["headers"]["x-sume-signature"]
+
+
+class Webhook:
+    """WebhookReceiver over fakes, with the sample's job pending and its chain resting at T:0."""
+
+    def __init__(self, now: float, secret: str) -> None:
+        self.clock, self.store, self.lease, self.queue = FakeClock(now), FakeStore(), FakeLease(), FakeQueue()
+        self.receiver = WebhookReceiver(self.clock, secret=lambda: secret, tolerance=TOLERANCE,  # type: ignore[arg-type]
+                                        store=self.store, lease=self.lease, queue=self.queue,  # type: ignore[arg-type]
+                                        handover_ttl_real=60.0)
+
+    def pending(self, job_id: str, token: str) -> None:
+        self.store.put_pending(job_id, "video", now=self.clock.now() - 60, deadline_at=int(self.clock.now()) + 86_400)
+        self.lease.values[job_id] = f"{token}:0"
+
+    def deliver(self, event: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        answer = self.receiver.handle(LambdaFunctionUrlEvent(event).headers, raw_body(event))
+        return answer.status, answer.body
+
+
+def test_a_re_signed_delivery_is_verified_and_queues_a_read_now() -> None:
+    raw = load("webhook_delivery.json")
+    job_id = raw_json_job(raw)
+    hook = Webhook(now=1_800_000_000.0, secret=TEST_SECRET)
+    hook.pending(job_id, "a" * 32)
+
+    status, body = hook.deliver(resign(raw, TEST_SECRET, int(hook.clock.now())))
+
+    assert (status, body) == (202, {"job_id": job_id, "queued": True})
+    (sent,) = hook.queue.sent
+    message = parse_message(sent.body)
+    assert (message.job_id, message.token, message.seq, message.found_by) == (job_id, "a" * 32, 1, "webhook")
+    assert message.due_at == pytest.approx(hook.clock.now(), abs=0.01)
+    assert hook.lease.values[job_id] == f"{'a' * 32}:1*"  # the chain's waiting step is handed over
+
+
+def test_the_static_file_verifies_at_its_own_time_and_is_a_replay_later() -> None:
+    raw = load("webhook_delivery.json")
+    stamp = int(raw["headers"]["x-sume-timestamp"])
+    then = Webhook(now=float(stamp), secret=SAMPLE_SECRET)
+    then.pending(raw_json_job(raw), "b" * 32)
+    assert then.deliver(raw)[0] == 202
+
+    later = Webhook(now=stamp + TOLERANCE + 1, secret=SAMPLE_SECRET)
+    later.pending(raw_json_job(raw), "b" * 32)
+    assert later.deliver(raw) == (401, {"error": "timestamp outside the tolerance"})
+    assert later.queue.sent == []
+
+
+def test_a_delivery_signed_with_another_secret_is_refused() -> None:
+    raw = load("webhook_delivery.json")
+    hook = Webhook(now=1_800_000_000.0, secret=TEST_SECRET)
+    hook.pending(raw_json_job(raw), "c" * 32)
+    assert hook.deliver(resign(raw, TEST_SECRET + "x", int(hook.clock.now()))) == (401, {"error": "bad signature"})
+    assert hook.queue.sent == []
+
+
+def raw_json_job(event: dict[str, Any]) -> str:
+    job_id: str = json.loads(raw_body(event))["data"]["job_id"]
+    return job_id
+
+
+# ---------------------------------------------------------------------------------------------- submit
+
+SUBMIT_ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
+              "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}
+
+
+@pytest.mark.parametrize("name", files("invoke"))
+def test_submit_events_are_accepted_by_the_submitter(name: str) -> None:
+    event = load(name)
+    sume, store, queue, lease = FakeSume(creates=[Created(("job_fedcba9876543210",), "req_1")]), FakeStore(), \
+        FakeQueue(), FakeLease()
+    settings = SubmitSettings.from_env(SUBMIT_ENV)
+    settings = dataclasses.replace(settings, common=dataclasses.replace(settings.common, clock=FakeClock()))
+    submitter = Submitter(settings, sume=sume, store=store, queue=queue, lease=lease,  # type: ignore[arg-type]
+                          creates=FakeBudget(), pacer=FakePacer(), sleep=lambda _: None)  # type: ignore[arg-type]
+
+    reply = submitter.handle(event, lambda: 25_000)
+
+    assert reply["status"] == ("registered" if "job_id" in event else "submitted"), reply
+    (job_id,) = reply["job_ids"]
+    assert reply["new"] == [job_id] and reply["replayed"] is False
+    if "job_id" in event:
+        assert job_id == event["job_id"] and sume.calls == []  # nothing is created, nothing is billed
+    else:
+        assert sume.calls == [("create", event["idempotency_key"])] == [("create", reply["idempotency_key"])]
+        assert store.records[job_id]["profile"] == profile_key(event["kind"], event["params"])
+    (first,) = queue.sent
+    message = parse_message(first.body)
+    assert (message.job_id, message.kind, message.seq, message.v) == (job_id, event["kind"], 0, VERSION)
+    assert lease.values[job_id] == f"{message.token}:0"
+
+
+def test_the_create_samples_carry_parameters_that_refine_the_schedule_profile() -> None:
+    assert profile_key("image", load("submit_image.json")["params"]) == "image|mp1"
+    assert profile_key("video", load("submit_video.json")["params"]) == "video|d8|mp1"
+
+
+# ---------------------------------------------------------------------------------------------- v2 schema
+
+#: The v2 poll message, field by field (annotations as written in messages.py). Changing a field,
+#: its type or its default changes what is in the queue during a deploy: bump VERSION and keep
+#: reading the previous one (as v1 is read now), then update this pin.
+V2_FIELDS: dict[str, tuple[str, Any]] = {
+    "job_id": ("str", dataclasses.MISSING),
+    "kind": ("str", dataclasses.MISSING),
+    "deadline_at": ("int", dataclasses.MISSING),
+    "due_at": ("float", dataclasses.MISSING),
+    "token": ("str | None", None),
+    "seq": ("int", 0),
+    "submitted_at": ("int | None", None),
+    "profile": ("str | None", None),
+    "reads": ("int", 0),
+    "result_reads": ("int", 0),
+    "errors": ("int", 0),
+    "seen_running_at": ("float | None", None),
+    "phase": ("str", "status"),
+    "outcome": ("dict[str, Any] | None", None),
+    "seen_terminal_at": ("float | None", None),
+    "result_waits": ("int", 0),
+    "slot_at": ("float | None", None),
+    "found_by": ("str | None", None),
+    "normal_due": ("float | None", None),
+    "v": ("int", 2),
+}
+#: JSON types of each field in a body (bool is never an int here).
+JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "job_id": (str,), "kind": (str,), "deadline_at": (int,), "due_at": (int, float), "token": (str,), "seq": (int,),
+    "submitted_at": (int,), "profile": (str,), "reads": (int,), "result_reads": (int,), "errors": (int,),
+    "seen_running_at": (int, float), "phase": (str,), "outcome": (dict,), "seen_terminal_at": (int, float),
+    "result_waits": (int,), "slot_at": (int, float), "found_by": (str,), "normal_due": (int, float), "v": (int,),
+}
+#: What every v2 body carries (None-valued fields are left out).
+ALWAYS_WRITTEN = {"v", "job_id", "kind", "deadline_at", "due_at", "token", "seq", "reads", "result_reads", "errors",
+                  "phase", "result_waits"}
+
+
+def test_the_v2_schema_is_pinned() -> None:
+    assert VERSION == 2
+    pinned = {f.name: (f.type, f.default) for f in dataclasses.fields(PollMessage)}
+    assert pinned == V2_FIELDS
+    assert set(JSON_TYPES) == set(V2_FIELDS)
+    minimal = PollMessage(job_id="job_1", kind="image", deadline_at=1_900_000_000, due_at=1.5, token="d" * 32)
+    body = minimal.to_json()
+    assert set(json.loads(body)) == ALWAYS_WRITTEN
+    assert body == json.dumps(json.loads(body), separators=(",", ":"), sort_keys=True)  # canonical: sorted, compact
+
+
+@pytest.mark.parametrize("name", files("sqs"))
+def test_v2_sample_bodies_have_the_pinned_json_types(name: str) -> None:
+    for record in SQSEvent(load(name)).records:
+        if record.message_id in POISON.get(name, set()) or json.loads(record.body)["v"] != VERSION:
+            continue
+        data = json.loads(record.body)
+        assert ALWAYS_WRITTEN <= set(data) <= set(V2_FIELDS)
+        for key, value in data.items():
+            assert isinstance(value, JSON_TYPES[key]) and not isinstance(value, bool), (key, value)
+        typed = {k: float(v) if V2_FIELDS[k][0].startswith("float") else v for k, v in data.items()}
+        assert parse_message(record.body) == PollMessage(**typed)
+
+
+def test_a_v2_body_with_a_field_outside_the_schema_is_poison() -> None:
+    (record,) = SQSEvent(load("poll_message.json")).records
+    with pytest.raises(MessageError, match="unknown fields"):
+        parse_message(json.dumps({**json.loads(record.body), "attempt": 0}))  # v1's name for reads
