@@ -22,7 +22,8 @@ DEFAULT_DURATION: dict[str, float] = {
     "face_swap": 5.0,
     "reference_analysis": 4.0,
 }
-#: Internal kind -> the ``type`` value Sume reports.
+#: Internal kind -> the ``type`` value Sume reports. Restated here on purpose, not imported from the
+#: poller's layer: the simulator states Sume's contract independently of the client it tests.
 SUME_TYPES: dict[str, str] = {
     "image": "image_generation",
     "video": "video_generation",

@@ -15,7 +15,7 @@ whatever ``TIME_SCALE`` says.
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Self, get_type_hints
 from urllib.parse import urlsplit
@@ -57,27 +57,20 @@ class Env:
         return self.choice(name, ("true", "false"), "true" if default else "false") == "true"
 
     def integer(self, name: str, default: int, low: int, high: int) -> int:
-        raw = self._env.get(name, "").strip()
-        if not raw:
-            return default
-        try:
-            value = int(raw)
-        except ValueError:
-            self.problems.append(f"{name} must be an integer, not {raw!r}")
-            return default
-        if not low <= value <= high:
-            self.problems.append(f"{name} must be between {low} and {high}, not {value}")
-            return default
-        return value
+        return int(self._bounded(name, default, low, high, int, "an integer"))
 
     def number(self, name: str, default: float, low: float, high: float) -> float:
+        return self._bounded(name, default, low, high, float, "a number")
+
+    def _bounded(self, name: str, default: float, low: float, high: float, parse: Callable[[str], float],
+                 what: str) -> float:
         raw = self._env.get(name, "").strip()
         if not raw:
             return default
         try:
-            value = float(raw)
+            value = parse(raw)
         except ValueError:
-            self.problems.append(f"{name} must be a number, not {raw!r}")
+            self.problems.append(f"{name} must be {what}, not {raw!r}")
             return default
         if not low <= value <= high:
             self.problems.append(f"{name} must be between {low:g} and {high:g}, not {value:g}")
