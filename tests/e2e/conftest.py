@@ -4,8 +4,8 @@
 ``deployed_stack`` is that one stack; ``stack`` is the same stack reset to a clean state first
 (empty table, queues, Redis and simulator), for tests that run jobs.
 
-The clock runs 20x fast (TimeScale 0.05): a job older than JobMaxAgeSeconds=200 clock seconds
-times out after 10 real seconds. The read budget is small - 30 reads per clock minute, 10 per
+The clock runs 20x fast (TimeScale 0.05): a job older than JobMaxAgeSeconds=600 clock seconds
+times out after 30 real seconds. The read budget is small - 30 reads per clock minute, 10 per
 real second - so a burst of jobs makes it bind. The daily caps are off: on a compressed clock a
 day's budget is paced over 72 real minutes, longer than this tier runs, so it would only slow the
 tests down without testing anything the minute window does not (tests/integration/test_budget.py holds both).
@@ -20,7 +20,7 @@ import pytest
 from tools.stack.deployed import DeployedStack
 
 SCALE = 0.05
-PARAMETERS = {"JobMaxAgeSeconds": 200, "ReadsPerMinute": 30, "ReadsPerDay": 0, "CreatesPerMinute": 0,
+PARAMETERS = {"JobMaxAgeSeconds": 600, "ReadsPerMinute": 30, "ReadsPerDay": 0, "CreatesPerMinute": 0,
               "CreatesPerDay": 0}
 
 

@@ -167,13 +167,18 @@ def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(stack: De
 
 
 def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
-    """Sume enforces 8 reads a minute where the stack was deployed with ReadsPerMinute=30: its
+    """Sume enforces 20 reads a minute where the stack was deployed with ReadsPerMinute=30: its
     RateLimit-* headers and first 429s tighten the shared limiter for every poller, so a burst of
-    short jobs all finish (within JobMaxAgeSeconds) with few 429s, and a job seen terminal is never
-    read for status again (issue 12's livelock: each retry re-read the status and lost its result
-    fetch to a 429)."""
-    stack.sim.configure(read_budget={"per_minute": 8})
-    jobs = [submit(stack, {"duration": 5}) for _ in range(6)]
+    30 short jobs all finish (within JobMaxAgeSeconds) with 429s under 1 % of the attempts, and a
+    job seen terminal is never read for status again (the livelock this prevents: each retry
+    re-read the status and lost its result fetch to a 429)."""
+    warm = submit(stack, {"duration": 1})  # ministack's first Lambda start takes minutes of a 20x clock
+    stack.drive(lambda: stack.settled([warm]), timeout=60)
+    stack.reset()
+    stack.sim.configure(read_budget={"per_minute": 20})
+    # One at a time: concurrent submits make ministack start a Lambda container each, and each
+    # cold start costs clock minutes on a 20x clock.
+    jobs = [submit(stack, {"duration": 1}) for _ in range(30)]
 
     stack.drive(lambda: stack.settled(jobs), timeout=240)
 
@@ -183,8 +188,8 @@ def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_repl
     per_job = [stats["jobs"][j] for j in jobs]
     served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
     assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
-    assert all(j["result_reads"] == 1 for j in per_job), per_job
-    assert stats["rate_limited"] <= 0.05 * served, (stats["rate_limited"], served)
+    assert all(j["result_reads"] == 1 for j in per_job), (per_job, stats["rate_limited"], stack.metric_totals())
+    assert stats["rate_limited"] < 0.01 * served, (stats["rate_limited"], served)
     assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
 
 
@@ -193,7 +198,7 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
     watched = alarm_metrics(template, resolver)
     assert watched, "no alarm on a SumePoller metric: the template changed, update this test"
 
-    # A burst of jobs that outlive JobMaxAgeSeconds (10 real seconds): fan-out counts them
+    # A burst of jobs that outlive JobMaxAgeSeconds (30 real seconds): fan-out counts them
     # pending, so sweeps run over them; their reads bind the small read budget; they time out.
     burst = [submit(stack, {"duration": 100_000}, kind="video") for _ in range(24)]
 

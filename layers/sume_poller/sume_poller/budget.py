@@ -9,7 +9,10 @@ both windows at once, atomic in one Lua script on one hash key:
   that time (keeping its lease) - waiting jobs never wake up together and retry in a herd;
 * a window of ``W`` seconds and limit ``L`` grants at most ``L - 1`` in any span of ``W``
   (``L`` below 20: ``L``), with a burst of ``L // 50``: Sume's own fixed windows never see more
-  than ``L`` even when our grants and its windows do not line up;
+  than ``L`` even when our grants and its windows do not line up. An ``ahead`` request (a result
+  fetch of a job Sume finished, a sweep's list read) is served one interval before the line of
+  reserved slots - first in line, never past the window (the interval it may borrow is kept
+  free: ``L - L // 50 - 2`` grants per window, one fewer below 20);
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
@@ -47,7 +50,7 @@ local function window(configured, learned, span)
   if limit <= 0 then return 0, 0 end
   local burst = math.floor(limit / 50)
   local spare = (limit >= 20) and 1 or 0
-  local per = math.max(1, limit - burst - 1 - spare)
+  local per = math.max(1, limit - burst - 2 - spare)
   local t = span / per
   return t, burst * t
 end
@@ -70,10 +73,11 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot)
   end
   local t_m, tau_m = window(cfg_m, s[7], 60000)
   local t_d, tau_d = window(cfg_d, s[8], 86400000)
+  -- 'ahead' (a result fetch, a sweep) goes one interval before the line of reserved slots
+  local ahead = (mode == 'ahead') and 1 or 0
   local at = math.max(now, paused)
-  if t_m > 0 then at = math.max(at, tm - tau_m) end
-  if t_d > 0 then at = math.max(at, td - tau_d) end
-  if mode == 'ahead' then at = math.max(now, paused) end
+  if t_m > 0 then at = math.max(at, tm - tau_m - ahead * t_m) end
+  if t_d > 0 then at = math.max(at, td - tau_d - ahead * t_d) end
   if exhausted and at < rr then at = rr end
   local wait = at - now
   if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0} end
@@ -136,7 +140,7 @@ return budget_take(KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonum
 
 def granted_per_window(limit: int) -> int:
     """Grants per window in a sustained overload (the same arithmetic as the Lua ``window``)."""
-    return max(1, limit - limit // 50 - 1 - (1 if limit >= 20 else 0))
+    return max(1, limit - limit // 50 - 2 - (1 if limit >= 20 else 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,9 +201,10 @@ class Poller:
         ttl = self.clock.to_real(min(hop, self.queue.max_delay)) + self.s.lease.margin if hop else \
             float(self.s.lease.claim_ttl)
         needs_read = not hop and (msg.phase != RESULT_PHASE or (msg.outcome or {}).get("status") == "completed")
-        # A result fetch finishes a job Sume already finished: it reads ahead of status reads.
-        mode = "none" if not needs_read else "ahead" if msg.phase == RESULT_PHASE else (
-            "confirm" if msg.slot_at is not None else "take")
+        # A message that reserved its slot confirms it; a result fetch (a job Sume already
+        # finished) goes ahead of the status reads in line.
+        mode = "none" if not needs_read else "confirm" if msg.slot_at is not None else (
+            "ahead" if msg.phase == RESULT_PHASE else "take")
         patience = self._patience(msg, now) if mode == "take" else math.inf
         try:
             passage = self.gate.enter(msg.job_id, step or fresh, fresh, max(1, int(ttl * 1000)), mode=mode,
