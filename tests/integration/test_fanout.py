@@ -12,7 +12,7 @@ import boto3
 import pytest
 import redis
 
-from sume_poller.budget import Budget
+from sume_poller.budget import Budget, granted_per_window
 from sume_poller.clock import Clock
 from sume_poller.fanout import FanOut
 from sume_poller.lease import LeaseStore
@@ -66,7 +66,8 @@ def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_tw
     reports = [tick(parts).report for _ in range(4)]
     assert reports[0].outbox_sent == 3  # the outbox first, every tick (it costs no read)
     per_tick = [r.started for r in reports]
-    assert per_tick[:3] == [23, 23, 23] and sum(per_tick) == 70  # 25/min less burst and spare, per 60 s tick
+    per_minute = granted_per_window(25)  # 25/min less burst, spare and the read-ahead interval
+    assert per_tick[:3] == [per_minute] * 3 and sum(per_tick) == 70  # per 60 s tick
     sent = queued(parts)
     assert {j: n for j, n in sent.items() if j.startswith("job_") and n != 1} == {}
     assert len([j for j in sent if j.startswith("job_")]) == 70
@@ -75,8 +76,9 @@ def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_tw
 
 def test_a_job_whose_chain_runs_without_its_lease_is_left_to_it(parts: dict[str, object]) -> None:
     store: JobStore = parts["store"]  # type: ignore[assignment]
-    store.put_pending("job_outage", "image", now=NOW, deadline_at=int(NOW) + 3_600, chain_due_at=NOW + 120)
-    store.put_pending("job_dead", "image", now=NOW, deadline_at=int(NOW) + 3_600, chain_due_at=NOW - 5)
+    now = Clock().now()  # not the module's NOW: the outage chain must still be due in the future
+    store.put_pending("job_outage", "image", now=now, deadline_at=int(now) + 3_600, chain_due_at=now + 120)
+    store.put_pending("job_dead", "image", now=now, deadline_at=int(now) + 3_600, chain_due_at=now - 5)
     report = tick(parts).report
     assert report.started == 1 and report.skipped_unleased_chain == 1
     assert set(queued(parts)) == {"job_dead"}
@@ -99,4 +101,5 @@ def test_a_fraction_of_a_start_left_ends_the_tick(parts: dict[str, object]) -> N
     for i in range(30):
         store.put_pending(f"job_{i:03d}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
     fanout = tick(parts)
-    assert fanout.report.started == 23 and fanout.report.pages < 10 and not fanout.report.stopped_early
+    report = fanout.report
+    assert report.started == granted_per_window(25) and report.pages < 10 and not report.stopped_early

@@ -19,15 +19,24 @@ TOKEN = "ab" * 16
 
 
 class ScriptedPoller:
-    """Stands in for Poller: returns an outcome per job id; records the threads it ran on."""
+    """Stands in for Poller: returns an outcome per job id; records the threads it ran on. With
+    ``meet``, the first two records wait for each other: they finish only if they run at once."""
 
-    def __init__(self, outcomes: dict[str, Outcome]) -> None:
+    def __init__(self, outcomes: dict[str, Outcome], meet: bool = False) -> None:
         self.outcomes = outcomes
         self.threads: set[str] = set()
         self.step_hook = None
+        self.meet = threading.Barrier(2, timeout=10) if meet else None
+        self.arrived = 0
+        self.lock = threading.Lock()
 
     def process(self, msg: PollMessage, deadline: Deadline) -> Outcome:
         self.threads.add(threading.current_thread().name)
+        with self.lock:
+            first_two = self.arrived < 2
+            self.arrived += 1
+        if self.meet is not None and first_two:
+            self.meet.wait()  # BrokenBarrierError when the records ran one after the other
         return self.outcomes[msg.job_id]
 
 
@@ -43,14 +52,14 @@ def requeue(job_id: str, undone: list[str]) -> Outcome:
 def test_re_queues_go_out_together_and_a_refused_one_fails_its_record_and_frees_the_lease() -> None:
     undone: list[str] = []
     jobs = [f"job_{i}" for i in range(12)]
-    poller = ScriptedPoller({j: requeue(j, undone) for j in jobs})
+    poller = ScriptedPoller({j: requeue(j, undone) for j in jobs}, meet=True)
     queue = FakeQueue()
     queue.refuse = 1
     report = BatchRunner(poller, queue, safety_margin_ms=0).run(  # type: ignore[arg-type]
         {"Records": [record(j) for j in jobs]}, lambda: 30_000)
     assert len(queue.sent) == 11 and undone == ["job_0"]
     assert report.response() == {"batchItemFailures": [{"itemIdentifier": "m-job_0"}]}
-    assert len(poller.threads) > 1  # records ran concurrently
+    assert len(poller.threads) > 1  # records ran concurrently (the first two met)
 
 
 def test_poison_fails_alone_and_its_neighbours_go_on() -> None:
