@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import redis
-from invariants import check
+from invariants import Crash, check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, stack_fixtures, submit
 
+from sume_poller.sweep import Sweeper
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -68,5 +69,34 @@ def test_a_sweep_leaves_a_job_to_its_chain_while_the_chain_reads_it(stack: InPro
     run(stack, ids, fanout_every=3_600)  # no scheduled sweep: the chains read every job first
     check(stack, ids, scenario="a sweep and a chain on the same job at once", expected="completed", allowance=2)
     assert swept and swept[0]["left_to_chain"] >= 1, swept
+    jobs = stack.sim.stats()["jobs"]
+    assert all(jobs[j]["result_reads"] == 1 for j in ids)
+
+
+def test_a_sweep_that_dies_mid_page_loses_nothing(stack: InProcessStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep dies after handing three jobs of a page over, before their finishing messages
+    went out: their chains find the lease handed over and stand down; once the hand-over lease
+    runs out (the claim TTL), fan-out restarts those chains. Every job finishes once."""
+    stack.sim.configure(list=LIST_CAPABLE)
+    ids = submit(stack, 24, {"duration": 1, "steps": 1, "hints": False})
+    stack.fanout()  # counts the pending jobs the sweep's cost rule needs
+    handed: list[str] = []
+    hand_over = Sweeper._hand_over
+
+    def die_at_the_fourth(self: Sweeper, job_id: str, record: dict[str, Any], status: str) -> Any:
+        if len(handed) == 3:
+            raise Crash(job_id)
+        held = hand_over(self, job_id, record, status)
+        handed.append(job_id)
+        return held
+
+    monkeypatch.setattr(Sweeper, "_hand_over", die_at_the_fourth)
+    with pytest.raises(Crash):
+        stack.invoke("SweepFunction", {"source": "aws.events"})
+    monkeypatch.undo()
+    assert len(handed) == 3 and stack.queue_depth() == len(ids)  # only the chains' own messages
+
+    run(stack, ids, timeout=90)
+    check(stack, ids, scenario="a sweep dies mid-page after three hand-overs", expected="completed", allowance=2)
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] == 1 for j in ids)
