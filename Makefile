@@ -13,7 +13,8 @@
 #   make bench             benchmarks (BENCH_ARGS="--quick")
 #   make invoke FN=SubmitFunction EVENT=events/submit_image.json   Docker-free sam local invoke
 #   make sim               the Sume simulator on :8787
-#   make status | redrive  a deployed stack (STACK=name, CONFIG_ENV=default|dev|prod; with
+#   make status | models | redrive   a deployed stack: counts, the learned model per kind, DLQ
+#                          redrive (STACK=name, CONFIG_ENV=default|dev|prod; with
 #                          AWS_ENDPOINT_URL=... against ministack)
 #   make logs FN=PollFunction   sam logs of a deployed stack's function
 #   make clean
@@ -35,7 +36,7 @@ export SAM_CLI_TELEMETRY := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: setup redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
-        redrive logs clean
+        models redrive logs clean
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
 # $(call venv,DIR,PIP-ARGS): create DIR if needed, pip install into it (its output goes to
@@ -121,6 +122,9 @@ sim: $(VENV)/.installed
 
 status: $(VENV)/.installed
 	$(PYRUN) -m tools.ops status --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
+
+models: $(VENV)/.installed
+	$(PYRUN) -m tools.ops models --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
 
 redrive: $(VENV)/.installed
 	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))

@@ -29,13 +29,18 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from sume_poller.coverage import CoverageStore
+from sume_poller.store import JobStore
+from tools.ops import model_lines
 from tools.stack import BACKENDS, SetupError, Stack, open_stack
 
 KINDS = ["image", "image", "image", "video", "ad_video", "face_swap", "reference_analysis"]
@@ -47,6 +52,9 @@ OUTCOMES = ["completed"] * 14 + ["failed", "failed", "canceled", "expired"]
 DEMO_PARAMETERS = {"CreatesPerMinute": "0", "CreatesPerDay": "0", "ReadsPerDay": "0", "PollMaxConcurrency": "8"}
 #: How often the live view reads the table and the metrics (real seconds).
 VIEW_EVERY_S = 1.0
+#: Finished jobs shown in the live view (every job is listed in JOBS_FILE at the end).
+RECENT_ROWS = 6
+JOBS_FILE = Path(__file__).resolve().parent.parent / ".scratch" / "demo-jobs.txt"
 
 
 def plan_jobs(count: int, seed: int) -> list[dict[str, Any]]:
@@ -84,9 +92,9 @@ class Summary:
     dlq: int
     wall: float
     metrics: Counter[str] = field(default_factory=Counter)
-    #: To come: per job, who found it terminal - "chain", "sweep" or "webhook" - counted here.
+    #: Who found the jobs terminal: "chain", "sweep" or "webhook" (each job record says it).
     found_by: Counter[str] = field(default_factory=Counter)
-    #: To come: per-kind lines (the learned completion-time model, what sweeps cover) as (what, value).
+    #: Per kind: the learned completion-time model and what sweeps cover, as (what, value).
     kind_lines: list[tuple[str, str]] = field(default_factory=list)
 
     @property
@@ -98,15 +106,37 @@ class Summary:
         return sum(self.metrics[f"Outcome_{n}"] for n in ("requeued", "transient", "hopped", "result_not_ready"))
 
 
-def found_by(records: list[dict[str, Any]], events: list[dict[str, Any]]) -> Counter[str]:
-    """Who found each job terminal (chain, sweep or webhook). The place for that count: empty
-    until the records or events say it."""
-    return Counter()
+def found_by(records: list[dict[str, Any]]) -> Counter[str]:
+    """Who found each finished job terminal: its chain, a sweep or a webhook (its record says)."""
+    return Counter(str(r.get("found_by") or "chain") for r in records if r.get("status") not in (None, "pending"))
 
 
 def kind_lines(stack: Stack, records: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Per-kind model and coverage lines for the summary. The place for them: none yet."""
-    return []
+    """Per kind (and finer profile), the learned model as the poll function fits it now, and what
+    sweeps proved about the kind (chains stretch only where they did)."""
+    profiles = {str(r[key]) for r in records for key in ("kind", "profile") if r.get(key)}
+    store = JobStore(stack.outputs["JobsTableName"], 1, ddb=stack.client("dynamodb"))
+    lines = [(f"model {profile}", text) for profile, text in model_lines(store, profiles, stack.clock.now)]
+    client = redis.Redis.from_url(stack.redis_url, decode_responses=True)
+    try:
+        coverage = CoverageStore(client, stack.parameters.get("LeaseKeyPrefix") or "sume:poll:").snapshot(
+            stack.clock.now())
+    finally:
+        client.close()
+    for kind in sorted({str(r["kind"]) for r in records if r.get("kind")}):
+        covered, misses = coverage.counts.get(kind, (0, 0))
+        chains = "stretch to the safety cadence" if coverage.stretches(kind, stack.clock.now()) else "normal schedule"
+        lines.append((f"sweeps {kind}", f"{covered} chain finds listed in a row, {misses} misses; chains: {chains}"))
+    lines.append(("list route", coverage.route))
+    return lines
+
+
+def write_jobs(records: list[dict[str, Any]], path: Path) -> None:
+    """One line per job: id, kind, status, reads, who found it terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [f"{r['job_id']}  {r.get('kind', '?'):<18} {r.get('status', '?'):<10} reads {r.get('reads', 0):<3} "
+            f"found by {r.get('found_by') or '-'}" for r in sorted(records, key=lambda r: str(r["job_id"]))]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
 
 
 class View:
@@ -142,6 +172,11 @@ class View:
         table.add_row("429s / budget waits", f"{metrics['SumeThrottled']} / {metrics['BudgetExhausted']}")
         table.add_row("lease contention (dropped)", str(metrics["LeaseContention"]))
         table.add_row("elapsed", f"{time.monotonic() - self.started:.0f} s")
+        finished = sorted((r for r in self.records if r.get("status") != "pending"),
+                          key=lambda r: float(r.get("terminal_at") or 0))[-RECENT_ROWS:]
+        for r in finished:  # the latest finished jobs, and who found each one finished
+            table.add_row(f"  {r['job_id']} ({r.get('kind')})",
+                          f"{r.get('status')}, {r.get('reads', 0)} reads, by {r.get('found_by') or 'chain'}")
         return table
 
 
@@ -170,6 +205,7 @@ def run(stack: Stack, count: int, seed: int, timeout: float, console: Console) -
         with contextlib.suppress(TimeoutError):  # the summary counts what is missing
             stack.drive(lambda: ours <= {e["job_id"] for e in stack.events()}, timeout=30)
     records = stack.records(job_ids)
+    write_jobs(records, JOBS_FILE)
     events = [e for e in stack.events() if e["job_id"] in ours]
     per_job = Counter(e["job_id"] for e in events)
     jobs_stats = {j: s for j, s in stack.sim.stats().get("jobs", {}).items() if j in ours}
@@ -186,7 +222,7 @@ def run(stack: Stack, count: int, seed: int, timeout: float, console: Console) -
         dlq=stack.dlq_depth(),
         wall=time.monotonic() - started,
         metrics=stack.metric_totals(),
-        found_by=found_by(records, events),
+        found_by=found_by(records),
         kind_lines=kind_lines(stack, records),
     )
 
@@ -215,6 +251,7 @@ def summary_table(s: Summary) -> Table:
         table.add_row("found terminal by", ", ".join(f"{who} {n}" for who, n in s.found_by.most_common()))
     for what, value in s.kind_lines:
         table.add_row(what, value)
+    table.add_row("every job and who found it", str(JOBS_FILE.relative_to(JOBS_FILE.parent.parent)))
     table.add_row("DLQ depth", str(s.dlq))
     table.add_row("wall time", f"{s.wall:.1f} s")
     return table

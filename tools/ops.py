@@ -1,6 +1,7 @@
 """Operator commands for a deployed sume-poller stack (``make status``, ``make redrive``).
 
     python -m tools.ops status  [--stack NAME] [--config-env default|dev|prod]
+    python -m tools.ops models  [--stack NAME] [--config-env ...]
     python -m tools.ops redrive [--stack NAME] [--config-env ...] [--max-per-second N]
 
 The stack is found through CloudFormation: its outputs name the jobs table and the queues. AWS
@@ -11,9 +12,12 @@ in samconfig.toml.
 
 ``status`` reads the whole table (one paginated scan of four attributes): pending and terminal
 counts by status, the oldest pending job, and the depths of the poll queue and its DLQ.
-``redrive`` starts an SQS message move task from the dead-letter queue back to the poll queue
-(StartMessageMoveTask). Neither moto nor ministack implements that call, so it is tested
-against botocore's Stubber (tests/e2e/test_deployed_stack.py), not an emulator.
+``models`` prints the learned completion-time model of every profile, as the poll function
+fits it from the statistics items (median, p90, spread, observations; "static schedule" while a
+profile has too few observations). ``redrive`` starts an SQS message move task from the
+dead-letter queue back to the poll queue (StartMessageMoveTask). Neither moto nor ministack
+implements that call, so it is tested against botocore's Stubber (tests/e2e/test_deployed_stack.py),
+not an emulator.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import os
 import sys
 import tomllib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +36,9 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from sume_poller.clock import Clock
-from sume_poller.store import from_item
+from sume_poller.durations import MIN_OBSERVATIONS
+from sume_poller.models import ModelCache
+from sume_poller.store import STATS_PREFIX, JobStore, from_item
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Error codes of an endpoint that does not know StartMessageMoveTask (ministack; moto answers 500).
@@ -151,6 +157,38 @@ def render_status(view: StackView, status: Status) -> str:
     return "\n".join(lines)
 
 
+def model_lines(store: Any, profiles: Iterable[str], now: Callable[[], float]) -> list[tuple[str, str]]:
+    """(profile, its learned model in words), as the poll function fits it from ``store``."""
+    cache = ModelCache(store, now)
+    lines = []
+    for profile in sorted(set(profiles)):
+        model = cache.describe(profile)
+        if "median" in model:
+            lines.append((profile, f"median {model['median']:g} s, p90 {model['p90']:g} s, sigma {model['sigma']:g} "
+                                   f"({model['observations']} observations)"))
+        else:
+            lines.append((profile, f"static schedule ({model['observations']} observations; "
+                                   f"{MIN_OBSERVATIONS} make a model)"))
+    return lines
+
+
+def read_models(view: StackView, ddb: Any) -> list[tuple[str, str]]:
+    """The learned model of every profile that has a statistics item in the stack's table."""
+    table = view.output("JobsTableName")
+    kwargs: dict[str, Any] = {"TableName": table, "ProjectionExpression": "job_id",
+                              "FilterExpression": "begins_with(job_id, :p)",
+                              "ExpressionAttributeValues": {":p": {"S": STATS_PREFIX}}}
+    profiles = []
+    while True:
+        reply = ddb.scan(**kwargs)
+        profiles += [item["job_id"]["S"][len(STATS_PREFIX):] for item in reply.get("Items", [])]
+        if not reply.get("LastEvaluatedKey"):
+            break
+        kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+    clock = Clock(float(view.parameters.get("TimeScale") or 1))
+    return model_lines(JobStore(table, 1, ddb=ddb), profiles, clock.now)
+
+
 def redrive(sqs: Any, dlq_url: str, queue_url: str, max_per_second: int | None = None) -> str:
     """Start moving the DLQ's messages back to the poll queue; the task handle."""
     def arn(url: str) -> str:
@@ -171,7 +209,7 @@ def redrive(sqs: Any, dlq_url: str, queue_url: str, max_per_second: int | None =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.ops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["status", "redrive"])
+    parser.add_argument("command", choices=["status", "models", "redrive"])
     parser.add_argument("--stack", help="stack name (default: samconfig.toml's stack_name)")
     parser.add_argument("--config-env", default="default", help="samconfig.toml environment (default: default)")
     parser.add_argument("--max-per-second", type=int, help="redrive: messages moved per second (default: SQS's)")
@@ -181,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         view = StackView.read(client("cloudformation"), args.stack or default_stack_name(args.config_env))
         if args.command == "status":
             print(render_status(view, read_status(view, client("dynamodb"), client("sqs"))))
+        elif args.command == "models":
+            models = read_models(view, client("dynamodb"))
+            print("\n".join(f"{profile:<24} {text}" for profile, text in models) or "no observations yet")
         else:
             handle = redrive(client("sqs"), view.output("PollDeadLetterQueueUrl"), view.output("PollQueueUrl"),
                              args.max_per_second)

@@ -266,3 +266,12 @@ def test_summary_is_json() -> None:
     assert json.loads(json.dumps(s)) == s
     assert s == {"median": 360.0, "p90": round(360.0 * math.exp(0.6 * 1.2815515655446004), 1), "sigma": 0.6,
                  "observations": 123}
+
+
+def test_no_model_from_completions_that_were_never_seen_running() -> None:
+    """Every first read found the job done ([0, u]): nothing says when it finished, so the static
+    schedule (early reads) stays until a third of the completions are bracketed."""
+    unbracketed = [Interval(0.0, 25.0 + i, 1.0) for i in range(40)]
+    assert model_from(unbracketed) is None
+    bracketed_too = unbracketed + [Interval(4.0 + i % 5, 9.0 + i % 5, 1.0) for i in range(MIN_OBSERVATIONS // 3)]
+    assert model_from(bracketed_too) is not None

@@ -313,10 +313,18 @@ def completed(intervals: Iterable[Interval]) -> int:
     return sum(1 for iv in intervals if math.isfinite(iv.upper) and iv.upper > 0 and iv.weight > 0)
 
 
+def bracketed(intervals: Iterable[Interval]) -> int:
+    """How many completions were seen running first (``lower > 0``): only these tell *when* a job
+    finished. An interval ``[0, u]`` says only "before u"; data of nothing else fits any median
+    below the first read, and a schedule fitted to it would keep its first read late for good."""
+    return sum(1 for iv in intervals if iv.lower > 0 and math.isfinite(iv.upper) and iv.weight > 0)
+
+
 def model_from(intervals: Iterable[Interval], min_observations: int = MIN_OBSERVATIONS) -> LogNormal | None:
-    """The fitted model, or None (use the static schedule) below ``min_observations`` completions."""
+    """The fitted model, or None (use the static schedule, whose early reads bracket completions)
+    below ``min_observations`` completions or when fewer than a third of them were bracketed."""
     items = list(intervals)
-    if completed(items) < min_observations:
+    if completed(items) < min_observations or bracketed(items) < min_observations // 3:
         return None
     return fit_lognormal(items)
 
