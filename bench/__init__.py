@@ -1,7 +1,7 @@
-"""Benchmarks of sume-poller (GitHub issue #4): ``python -m bench`` (or ``make bench``).
+"""Benchmarks of sume-poller: ``python -m bench`` (or ``make bench``).
 
 Every figure is a ratio measured side by side against its baseline in the same run, because
-absolute times on a shared 2-core machine are noise. See ``python -m bench --help`` and the
+absolute times on a small shared machine are noise. See ``python -m bench --help`` and the
 README section "Benchmarks".
 """
 

@@ -1,24 +1,32 @@
-"""python -m bench [--quick] [--jobs N] [--only 1,2,...] - sume-poller's benchmarks (issue #4).
+"""python -m bench [--quick] [--only 1,2,...] - sume-poller's benchmarks.
 
 Every figure is a ratio measured side by side with its baseline in this run. Run from the repo
 root with the project's virtualenv (``make bench``). It starts what it needs (redis-server, moto
-server, the Sume simulator; ministack for figure 6) on free 127.0.0.1 ports and stops it on exit.
-Results: the table on stdout and as Markdown in .scratch/bench-results.md.
+server, the Sume simulator; ministack for figures 5c and 6) on free 127.0.0.1 ports and stops it
+on exit. Results: the table on stdout and as Markdown in .scratch/bench-results.md; the layer's
+log lines go to .scratch/bench-*.log.
 
 Figures (column "ratio" is the number the target applies to):
   1a/1b/1c  Sume status reads per job / the simulator's minimum, with the lease vs without, under
             duplicate delivery / fan-out ticks over live chains / crashing invocations
   2         Redis round trips per poll (server-side), vs redis-py's Lock
-  3         one 10-message batch / one Sume read (200 ms), vs sequential
+  3         one 10-message batch / one Sume read (200 ms), vs Powertools' batch processors
   4         poll function cold start / floor (import boto3, redis, urllib3 + 2 clients); layer size
   5a/5b/5c  fan-out: SendMessageBatch calls / minimum, Redis round trips / pages, throughput / raw loop
-  6         end to end in ministack (when tools.ministack provides MinistackBackend)
+  6         end to end, the template deployed into ministack (tools.stack's deployed backend)
+  7         the learned read schedule: reads and delays vs static / optimum, and under a binding budget
+            (a model-level simulation, bench/fig_schedule.py; needs bench/requirements.txt)
+  8         the shared read budget: served and refused reads per window, the max gap and Redis round
+            trips (a virtual clock), and 60 short jobs against a Sume allowing 40 reads a minute on the
+            whole system - each vs the limiter off
+  9         list sweeps: reads per job with sweeps / chains only, with many jobs pending and with too
+            few for sweeps to pay (they then do not run)
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import re
 import sys
 import time
 import traceback
@@ -27,32 +35,32 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from bench import ROOT, SCRATCH
-from bench.report import Row, environment_line, failed, markdown, now_utc, print_table
+from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
-                   help="smaller runs (~4 min instead of ~6 on 2 busy cores): 100 jobs for figure 1, fewer "
-                        "trials, 40 submissions end to end")
-    p.add_argument("--jobs", type=int, help="jobs per figure-1 run (default 200, --quick 100)")
+                   help="smaller runs (about 6 min instead of 10 on 2 cores): 60 jobs for figure 1, fewer "
+                        "trials and shorter runs elsewhere, 40 submissions end to end")
+    p.add_argument("--jobs", type=int, help="jobs per figure-1 run (default 200, --quick 60)")
     p.add_argument("--only", default=",".join(FIGURES),
                    help="figures to run, e.g. 1,2 or 1a,1c,4 (default: all)")
-    p.add_argument("--seed", type=int, default=7, help="job plan, duplicate and crash choices")
+    p.add_argument("--seed", type=int, default=7, help="job plans, duplicate and crash choices")
     p.add_argument("--fanout-every", type=float, default=3.0, help="fan-out tick in figures 1b/1c (s)")
     p.add_argument("--crash-rate", type=float, default=0.05, help="share of crashing invocations in 1c")
     p.add_argument("--arrival-rate", type=float, default=20.0, help="figure-1 jobs starting per second")
     p.add_argument("--concurrency", type=int, default=3, help="concurrent poll invocations in figure 1")
     p.add_argument("--crash-lease-seconds", type=int, default=5,
-                   help="LEASE_MARGIN_SECONDS and CLAIM_TTL_SECONDS in 1c (1a/1b use production's 30 / 60)")
+                   help="lease margin, claim and start TTL in 1c (1a/1b use the function's settings)")
     p.add_argument("--cold-runs", type=int, help="fresh interpreters per side in figure 4 (default 9, --quick 5)")
     p.add_argument("--fanout-jobs", type=int, default=500, help="N pending jobs in figure 5")
     p.add_argument("--fanout-leased", type=int, default=100, help="K of them holding a live lease")
     p.add_argument("--e2e-jobs", type=int, help="submissions in figure 6 (default 100, --quick 40)")
-    p.add_argument("--skip-e2e", action="store_true", help="do not run figure 6 even if ministack is available")
+    p.add_argument("--skip-e2e", action="store_true", help="do not run figure 6 (no ministack deploy)")
     p.add_argument("--timeout", type=float, default=240.0, help="seconds one figure-1 run may take")
     p.add_argument("--markdown", default=str(SCRATCH / "bench-results.md"), help="where to write the Markdown table")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -64,13 +72,14 @@ def _selected(only: str) -> dict[str, str]:
     chosen: dict[str, str] = {}
     for part in (p.strip() for p in only.split(",") if p.strip()):
         figure, sub = part[0], part[1:]
-        if figure not in FIGURES:
-            raise SystemExit(f"unknown figure {part!r}; figures are {', '.join(FIGURES)}")
+        if figure not in FIGURES or (sub and (figure != "1" or set(sub) - set("abc"))):
+            raise SystemExit(f"unknown figure {part!r}; figures are {', '.join(FIGURES)} (1a, 1b, 1c for one of 1)")
         chosen[figure] = chosen.get(figure, "") + (sub or "abc")
     return chosen
 
 
 def _guard(rows: list[Row], title: str, target: str, fn: Callable[[], list[Row]]) -> None:
+    """Run one figure; an exception becomes an "error" row (traceback in .scratch/bench-errors.log)."""
     started = time.monotonic()
     print(f"[bench] {title} ...", file=sys.stderr, flush=True)
     try:
@@ -82,62 +91,80 @@ def _guard(rows: list[Row], title: str, target: str, fn: Callable[[], list[Row]]
     print(f"[bench] {title}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    chosen = _selected(args.only)
-    jobs = args.jobs or (100 if args.quick else 200)
-    cold_runs = args.cold_runs or (5 if args.quick else 9)
-    trials = 3 if args.quick else 5
-    e2e_jobs = args.e2e_jobs or (40 if args.quick else 100)
-    SCRATCH.mkdir(exist_ok=True)
-    environment = dict(os.environ)  # LocalSystem changes this process's environment (AWS_ENDPOINT_URL...)
-    started_at, started = now_utc(), time.monotonic()
+def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
+    """The chosen figures, in an order that keeps them apart: the two without services first (4
+    while nothing else of ours runs), those on the shared scale-1 stack, those that start stacks of
+    their own (other clock scales), and the ministack deploy last."""
+    quick = args.quick
+    jobs = args.jobs or (60 if quick else 200)
     rows: list[Row] = []
-
-    if "4" in chosen:  # first, while nothing else of ours runs
+    if "7" in chosen:
+        from bench import fig_schedule
+        _guard(rows, "7 learned schedule", "see 7", lambda: fig_schedule.measure(quick=quick, seed=args.seed))
+    if "4" in chosen:
         from bench import fig_cold
-        _guard(rows, "4 cold start", "<= 1.3", lambda: fig_cold.measure(runs=cold_runs))
+        _guard(rows, "4 cold start", f"<= {fig_cold.TARGET}",
+               lambda: fig_cold.measure(runs=args.cold_runs or (5 if quick else 9)))
 
     with ExitStack() as stack:
         from bench.services import Services
         svc = Services(stack)
         if "2" in chosen:
             from bench import fig_redis
-            _guard(rows, "2 Redis round trips per poll", "<= 2", lambda: [fig_redis.measure(svc)])
+            _guard(rows, "2 Redis round trips per poll", f"<= {fig_redis.TARGET}", lambda: fig_redis.measure(svc))
         if "3" in chosen:
             from bench import fig_batch
-            _guard(rows, "3 batch concurrency", "<= 1.5", lambda: [fig_batch.measure(svc, trials=trials)])
+            _guard(rows, "3 batch concurrency", f"<= {fig_batch.TARGET}",
+                   lambda: fig_batch.measure(svc, trials=3 if quick else 5))
         if "5" in chosen:
             from bench import fig_fanout
             _guard(rows, "5 fan-out", "see 5a-5c", lambda: fig_fanout.measure(
-                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=1 if args.quick else 3, seed=args.seed))
+                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=1 if quick else 3, seed=args.seed))
         if "1" in chosen:
             from bench import fig_reads
-            _guard(rows, f"1 read amplification ({jobs} jobs per run)", "<= 1.02", lambda: fig_reads.measure(
-                svc, n=jobs, seed=args.seed, fanout_every=args.fanout_every, crash_rate=args.crash_rate,
-                timeout=args.timeout, arrival_rate=args.arrival_rate, crash_lease_seconds=args.crash_lease_seconds,
-                concurrency=args.concurrency, only=chosen["1"]))
+            _guard(rows, f"1 read amplification ({jobs} jobs per run)", f"<= {fig_reads.TARGET}",
+                   lambda: fig_reads.measure(svc, n=jobs, seed=args.seed, fanout_every=args.fanout_every,
+                                             crash_rate=args.crash_rate, timeout=args.timeout,
+                                             arrival_rate=args.arrival_rate, crash_lease=args.crash_lease_seconds,
+                                             concurrency=args.concurrency, only=chosen["1"]))
 
-    os.environ.clear()  # back to how it started: ministack's children inherit it
-    os.environ.update(environment)
+    if "8" in chosen:
+        from bench import fig_budget
+        _guard(rows, "8 read budget", "see 8", lambda: fig_budget.measure(quick=quick))
+    if "9" in chosen:
+        from bench import fig_discovery
+        _guard(rows, "9 list sweeps", "see 9", lambda: fig_discovery.measure(quick=quick, seed=args.seed))
     if "6" in chosen:
         from bench import fig_e2e
         if args.skip_e2e:
-            from bench.report import unavailable
-            rows.append(unavailable(fig_e2e.TITLE, "<= 1.02", "skipped (--skip-e2e)"))
+            rows.append(unavailable(fig_e2e.TITLE, f"<= {fig_e2e.TARGET}", "skipped (--skip-e2e)"))
         else:
-            _guard(rows, "6 end to end (ministack)", "<= 1.02",
-                   lambda: [fig_e2e.measure(n=e2e_jobs, seed=args.seed, timeout=600.0)])
+            _guard(rows, "6 end to end (ministack)", f"<= {fig_e2e.TARGET}",
+                   lambda: fig_e2e.measure(n=args.e2e_jobs or (40 if quick else 100), seed=args.seed, timeout=600.0))
+    return rows
 
-    rows.sort(key=lambda r: r.figure.split(" ", 1)[0])
+
+def _figure_key(row: Row) -> tuple[int, str]:
+    """Rows in figure order (1a, 1b, ..., 9); a figure's rows keep their order."""
+    match = re.match(r"(\d+)([a-z]?)", row.figure)
+    return (int(match[1]), match[2]) if match else (len(FIGURES) + 1, row.figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    chosen = _selected(args.only)
+    SCRATCH.mkdir(exist_ok=True)
+    started_at, started = now_utc(), time.monotonic()
+    rows = _run(args, chosen)
+    rows.sort(key=_figure_key)
     command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     footer = [
         f"How to reproduce: `{command.strip()}` from the repo root ({ROOT.name}), or `make bench` "
         "(BENCH_ARGS=\"--quick\" for a shorter run).",
-        f"Run: {environment_line(started_at, time.monotonic() - started, str(ROOT))}. Figure 1: {jobs} jobs per run "
-        f"(x2: with and without the lease) per scenario; seed {args.seed}.",
+        f"Run: {environment_line(started_at, time.monotonic() - started, str(ROOT))}"
+        + (" (--quick)" if args.quick else "") + f"; seed {args.seed}.",
     ]
-    title = "sume-poller benchmarks (issue #4): each ratio measured side by side with its baseline in one run"
+    title = "sume-poller benchmarks: each ratio measured side by side with its baseline in one run"
     print_table(rows, title, footer)
     path = Path(args.markdown)
     path = path if path.is_absolute() else ROOT / path

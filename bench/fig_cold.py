@@ -1,17 +1,24 @@
-"""Figure 4: cold start of the poll function, and the built layer's size.
+"""Figure 4: cold start of the poll function on this host, and the built layer's size.
+
+The layer is what ``sam build`` makes of template.yaml (its makefile installs the wheels of
+Lambda's python3.13 arm64 into ``python/``; this host runs the same pure-Python packages on its
+own interpreter - wrapt's C extension, needed only with tracing, falls back to pure Python).
+The project's ``.aws-sam/build`` is used when it matches the sources, else ``sam build`` runs
+(``tools.stack.deployed.build``: cached, into ``.scratch``).
 
 Each sample is a fresh interpreter (``python -I -B``) with Lambda's path: the function's code
-dir, then the layer's ``python/`` dir from ``sam build``, then the interpreter's site-packages
-(boto3, as the Lambda runtime ships it). It times, from before the first import to after the
-first invocation (the interpreter's own start-up is common to both and not counted):
+dir, then the layer's ``python/`` dir, then the interpreter's site-packages (boto3, as the
+Lambda runtime ships it), and the function's environment as the template resolves it (tracing
+off: the template's default). It times, from before the first import to after the first
+invocation (the interpreter's own start-up is common to both and not counted), in CPU time:
 
 * handler: ``import app`` + ``lambda_handler({"Records": []}, context)`` (the first call builds
   settings and every client: Redis, Sume, DynamoDB, SQS);
 * floor: ``import boto3, redis, urllib3`` + ``boto3.client("sqs")`` + ``boto3.client("dynamodb")``.
 
-``-B``: nothing is written next to the sources, like Lambda's read-only ``/opt``; ``sam build``
-ships the layer without ``.pyc`` files, so every cold start compiles it - as in Lambda. The
-diagnostic variant runs on a copy of the layer compiled ahead of time.
+``-B``: nothing is written next to the sources, like Lambda's read-only ``/opt``; the layer
+ships without ``.pyc`` files (they would be this build host's Python version, not 3.13's), so
+every cold start compiles it - as in Lambda. A diagnostic runs on a copy compiled ahead of time.
 """
 
 from __future__ import annotations
@@ -30,14 +37,12 @@ from bench import ROOT, SCRATCH
 from bench.report import Row
 
 TARGET = 1.3
-BUILD_DIRS = (ROOT / ".aws-sam" / "build", SCRATCH / "bench-sam" / "build")
-SAM = ROOT / ".venv-sam" / "bin" / "sam"
+PROJECT_BUILD = ROOT / ".aws-sam" / "build"
 
 HANDLER = """
 import sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
 sys.path[:0] = {paths!r}
-{patch}
 import app
 t1 = time.perf_counter(); c1 = time.process_time()
 class Context:
@@ -81,23 +86,16 @@ def _sources_match(build: Path) -> bool:
     return all(b.is_file() and filecmp.cmp(a, b, shallow=False) for a, b in pairs)
 
 
-def built(rebuild: bool = True) -> tuple[Path, str]:
-    """The newest usable build: the project's ``.aws-sam/build`` when it matches the sources, else
-    a bench build in ``.scratch/bench-sam/build`` (``sam build --no-cached``, ~15 s, made when stale)."""
-    for build in BUILD_DIRS:
-        if _sources_match(build):
-            return build, str(build.relative_to(ROOT))
-    if not rebuild or not SAM.exists():
-        raise RuntimeError("no sam build matching the sources (run `make sam-build`)")
-    target = BUILD_DIRS[1]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    log = target.parent / "build.log"
-    with open(log, "w") as out:
-        subprocess.run([str(SAM), "build", "--no-cached", "--build-dir", str(target)], cwd=ROOT, stdout=out,
-                       stderr=subprocess.STDOUT, check=True, env={**os.environ, "SAM_CLI_TELEMETRY": "0"})
+def built() -> tuple[Path, str]:
+    """The project's ``.aws-sam/build`` when it matches the sources, else a fresh cached ``sam build``."""
+    if _sources_match(PROJECT_BUILD):
+        return PROJECT_BUILD, str(PROJECT_BUILD.relative_to(ROOT))
+    from tools.stack.deployed import build
+
+    target = build().parent
     if not _sources_match(target):
-        raise RuntimeError(f"sam build did not produce the current sources; see {log}")
-    return target, f"{target.relative_to(ROOT)} (built now: .aws-sam/build was stale)"
+        raise RuntimeError(f"sam build in {target} does not hold the current sources")
+    return target, f"{target.relative_to(ROOT)} (sam build now: .aws-sam/build was stale)"
 
 
 def _environment(build: Path) -> tuple[list[str], dict[str, str]]:
@@ -105,7 +103,7 @@ def _environment(build: Path) -> tuple[list[str], dict[str, str]]:
     from tools.template import Resolver, function_spec, load_template
 
     template = load_template(build / "template.yaml")
-    resolver = Resolver(template, parameters={"SumeBaseUrl": "http://127.0.0.1:9/api/v1",
+    resolver = Resolver(template, parameters={"SumeBaseUrl": "http://127.0.0.1:9/api/v1", "LocalEndpoints": "true",
                                               "RedisUrl": "redis://127.0.0.1:9/0"}, region="us-east-1")
     spec = function_spec(template, "PollFunction", resolver)
     env = prepare_environment(spec, base={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
@@ -115,18 +113,9 @@ def _environment(build: Path) -> tuple[list[str], dict[str, str]]:
     return _python_paths(spec), env
 
 
-#: Diagnostic: the proposed sume_poller.aws patch (one boto3 Session for every client), applied
-#: in the child before the handler is imported.
-SHARED_SESSION = """
-import boto3, sume_poller.aws as _aws
-_session = boto3.session.Session()
-_aws.client = lambda service: _session.client(service, config=_aws._CONFIG)
-"""
-
-
-def _sample(code: str, paths: list[str], env: dict[str, str], patch: str = "") -> dict[str, float]:
-    """One fresh interpreter; ``patch``: code run before ``import app`` (bench experiments)."""
-    proc = subprocess.run([sys.executable, "-I", "-B", "-c", code.format(paths=paths, patch=patch)], env=env,
+def _sample(code: str, paths: list[str], env: dict[str, str]) -> dict[str, float]:
+    """One fresh interpreter running ``code``."""
+    proc = subprocess.run([sys.executable, "-I", "-B", "-c", code.format(paths=paths)], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
@@ -151,18 +140,18 @@ class Timing:
         return median(self.pairs)
 
 
-def _pair(paths: list[str], env: dict[str, str], runs: int, patch: str = "") -> Timing:
+def _pair(paths: list[str], env: dict[str, str], runs: int) -> Timing:
     """Medians over ``runs`` interleaved handler / floor samples (after one warm-up of each).
 
     CPU time of the child (``time.process_time``) is what the ratio uses: on a 2-core machine
     shared with other work, wall time mostly measures the neighbours."""
-    _sample(HANDLER, paths, env, patch)  # warm the page cache
+    _sample(HANDLER, paths, env)  # warm the page cache
     _sample(FLOOR, paths, env)
     handler: list[dict[str, float]] = []
     floor: list[dict[str, float]] = []
     for i in range(runs):
         for code in ((HANDLER, FLOOR) if i % 2 == 0 else (FLOOR, HANDLER)):
-            (handler if code is HANDLER else floor).append(_sample(code, paths, env, patch))
+            (handler if code is HANDLER else floor).append(_sample(code, paths, env))
     return Timing(median(h["cpu"] for h in handler), median(h["total"] for h in handler),
                   median(h["import_cpu"] for h in handler), median(f["cpu"] for f in floor),
                   median(f["total"] for f in floor), [h["cpu"] / f["cpu"] for h, f in zip(handler, floor, strict=True)])
@@ -187,7 +176,7 @@ def measure(runs: int = 7) -> list[Row]:
     build, where = built()
     paths, env = _environment(build)
     t = _pair(paths, env, runs)
-    row = Row("4 Cold start: poll handler import + first invocation / floor (fresh interpreter, CPU time)",
+    row = Row("4 cold start: poll handler import + first invocation / floor (fresh interpreter, CPU time)",
               f"{t.handler_cpu * 1000:.0f} ms (import {t.import_cpu * 1000:.0f} ms, first call "
               f"{(t.handler_cpu - t.import_cpu) * 1000:.0f} ms)",
               f"floor: {t.floor_cpu * 1000:.0f} ms (import boto3, redis, urllib3 + sqs and dynamodb clients)",
@@ -195,19 +184,17 @@ def measure(runs: int = 7) -> list[Row]:
     row.notes.append(f"ratio = median of {runs} paired ratios (handler / floor run back to back; range "
                      f"{min(t.pairs):.2f}-{max(t.pairs):.2f}); medians: handler {t.handler_cpu * 1000:.0f} ms, floor "
                      f"{t.floor_cpu * 1000:.0f} ms CPU")
-    row.notes.append(f"build {where}; layer as sam build ships it (no .pyc: "
-                     f"compiled on every cold start, as on Lambda's read-only /opt); wall time: handler "
+    row.notes.append(f"build {where}; the layer as sam build ships it (no .pyc: compiled on every cold start, as "
+                     f"on Lambda's read-only /opt); tracing off; wall time: handler "
                      f"{t.handler_wall * 1000:.0f} ms, floor {t.floor_wall * 1000:.0f} ms")
     layer_python = Path(paths[1])
     pyc_paths = [paths[0], str(_precompiled_copy(layer_python))]
     diag_runs = max(3, runs // 2)
     pyc = _pair(pyc_paths, env, diag_runs)
-    both = _pair(pyc_paths, env, diag_runs, SHARED_SESSION)
-    row.notes.append(f"diagnostics ({diag_runs} pairs each): the layer compiled ahead of time (compileall, "
-                     f"unchecked-hash): handler {pyc.handler_cpu * 1000:.0f} ms / floor {pyc.floor_cpu * 1000:.0f} ms, "
-                     f"ratio {pyc.ratio:.2f} (handler {t.handler_cpu / pyc.handler_cpu:.1f} x, floor "
-                     f"{t.floor_cpu / pyc.floor_cpu:.1f} x faster than as built); plus one boto3 Session shared by "
-                     f"sume_poller.aws.client: handler {both.handler_cpu * 1000:.0f} ms, ratio {both.ratio:.2f}")
+    row.notes.append(f"diagnostic ({diag_runs} pairs): the layer compiled ahead of time for this host's Python "
+                     f"(compileall, unchecked-hash): handler {pyc.handler_cpu * 1000:.0f} ms / floor "
+                     f"{pyc.floor_cpu * 1000:.0f} ms, ratio {pyc.ratio:.2f} (handler "
+                     f"{t.handler_cpu / pyc.handler_cpu:.1f} x faster than as built)")
     rows = [row]
     du = subprocess.run(["du", "-sk", str(build / "SharedLayer")], capture_output=True, text=True, check=True)
     kib = int(du.stdout.split()[0])
@@ -216,7 +203,7 @@ def measure(runs: int = 7) -> list[Row]:
     Path(zipped).unlink()
     parts = sorted(((_size(p), p.name) for p in layer_python.iterdir() if p.is_dir() and
                     not p.name.endswith(".dist-info")), reverse=True)
-    size = Row("4 Built layer size (du of SharedLayer after sam build)", f"{kib / 1024:.1f} MiB on disk, "
+    size = Row("4 built layer size (du of SharedLayer after sam build)", f"{kib / 1024:.1f} MiB on disk, "
                f"{zip_bytes / 1024 / 1024:.1f} MiB zipped",
                "Lambda limits: 250 MiB unzipped (function + layers), 50 MiB zipped upload",
                kib / 1024 / 250, "report (ratio = share of the 250 MiB limit)", None)

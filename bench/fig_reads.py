@@ -1,33 +1,34 @@
-"""Figure 1: read amplification - Sume status reads per job / the simulator's schedule minimum.
+"""Figure 1: read amplification - Sume status reads per job / the simulator's minimum, lease vs none.
 
-Each scenario runs twice on the same job plan: with the real Redis lease, and with the lease
-disabled (:class:`bench.harness.NoLease`). Real parts: the batch handler and Poller, Redis,
-DynamoDB (moto server), the Sume simulator over HTTP (hints on). The poll queue and the event
-source are played in-process (:class:`bench.harness.MemQueue`); see that module for why.
+Each scenario runs twice on the same job plan: with the real Redis lease (the read gate's
+claim), and with the lease disabled (:class:`bench.harness.NoLeaseGate`). Real parts: the
+submit path (:class:`sume_poller.submit.Submitter`: Sume create, pending record, chain start),
+the batch adapter and Poller, fan-out, Redis, DynamoDB (moto server), EventBridge (moto), the
+Sume simulator over HTTP (hints on). The poll queue and Lambda's event source are played in
+memory (:mod:`bench.harness`, see there why). The read budget is off here (figure 8 has it);
+the schedule is the static one with Sume's hints as a lower bound (no learned model).
 
 The simulator's ``min_reads`` per job is 1 + the phase changes still ahead at the job's first
-status read, i.e. what a client obeying every hint exactly needs from its first read on.
+status read: what a client obeying every hint exactly needs from its first read on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
+import threading
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import CountingJobStore, EventSource, MemQueue, NoLease, ObservingSume, SourceStats
+from bench.harness import CountingBus, CountingStore, EventSource, MemQueue, NoLease, NoLeaseGate, make_poller
 from bench.report import Row
 from bench.services import Services
 
-DEADLINE_AT = 4_102_444_800
 TARGET = 1.02
-LAG_NOTE = ("ratio = Sume status reads / the simulator's minimum (1 + phase changes ahead at each job's first read, "
-            "hints obeyed exactly); below 1 when reads come later than the hints allow (event source lag: fewer "
-            "phases seen). 'redundant reads' (a read seeing the same status as the job's previous read: it learnt "
-            "nothing) does not depend on lag.")
 KINDS = ["image", "image", "image", "video", "face_swap", "reference_analysis", "ad_video"]
 OUTCOMES = ["completed"] * 8 + ["failed", "canceled"]
 
@@ -39,212 +40,185 @@ class Scenario:
     duplicate: bool = False
     fanout: bool = False
     crash_rate: float = 0.0
-    #: (LEASE_MARGIN_SECONDS, CLAIM_TTL_SECONDS) for this scenario.
-    lease_seconds: tuple[int, int] = (30, 60)
+    #: (margin, claim TTL, start TTL) real seconds; None: production's defaults.
+    lease_seconds: tuple[int, int, int] | None = None
 
 
-def _production_lease_seconds() -> tuple[int, int]:
-    from sume_poller.config import Settings
-    defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-    return int(defaults["lease_margin_seconds"]), int(defaults["claim_ttl_seconds"])
-
-
-def scenarios(fanout_every: float, crash_rate: float, crash_lease_seconds: int) -> list[Scenario]:
-    production = _production_lease_seconds()
-    short = (crash_lease_seconds, crash_lease_seconds)
+def scenarios(fanout_every: float, crash_rate: float, crash_lease: int) -> list[Scenario]:
     return [
-        Scenario("a", "1a Read amplification: every SQS message delivered twice", duplicate=True,
-                 lease_seconds=production),
-        Scenario("b", f"1b Read amplification: fan-out every {fanout_every:g} s over live chains", fanout=True,
-                 lease_seconds=production),
-        Scenario("c", f"1c Read amplification: {crash_rate:.0%} of poll invocations crash at a random step "
-                      f"(fan-out every {fanout_every:g} s)", fanout=True, crash_rate=crash_rate, lease_seconds=short),
+        Scenario("a", "1a reads / minimum: every SQS message delivered twice", duplicate=True),
+        Scenario("b", f"1b reads / minimum: fan-out every {fanout_every:g} s over live chains", fanout=True),
+        Scenario("c", f"1c reads / minimum: {crash_rate:.0%} of poll invocations crash at a random step "
+                      f"(fan-out every {fanout_every:g} s)", fanout=True, crash_rate=crash_rate,
+                 lease_seconds=(crash_lease, crash_lease, crash_lease)),
     ]
 
 
 def plan(n: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
-    """(kind, simulator directives) per job: 2-8 s long, 1-3 phases, mostly completed."""
+    """(kind, simulator directives) per submission: 2-8 s long, 1-3 phases, mostly completed."""
     rng = random.Random(seed)
     return [(rng.choice(KINDS), {"duration": round(rng.uniform(2.0, 8.0), 2), "steps": rng.choice([1, 2, 2, 3]),
                                  "outcome": rng.choice(OUTCOMES)}) for _ in range(n)]
 
 
+class ObservingSume:
+    """The real SumeClient; counts *redundant* status reads (a read that sees the same status as
+    the job's previous read learnt nothing new)."""
+
+    def __init__(self, sume: Any) -> None:
+        self._sume = sume
+        self._lock = threading.Lock()
+        self._last: dict[str, str] = {}
+        self.redundant = 0
+
+    def get_status(self, job_id: str, budget: float | None = None) -> Any:
+        reply = self._sume.get_status(job_id, budget=budget)
+        seen = getattr(reply, "sume_status", None) or getattr(reply, "status", None)
+        if seen is not None and type(reply).__name__ in ("Pending", "Terminal"):
+            with self._lock:
+                self.redundant += self._last.get(job_id) == seen
+                self._last[job_id] = seen
+        return reply
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sume, name)
+
+
 @dataclass
 class RunResult:
-    jobs: int
+    jobs: int = 0
     reads: int = 0
     min_reads: int = 0
-    result_reads: int = 0
-    over: int = 0
     redundant: int = 0
-    #: Jobs recorded with another status than the simulator was told to end them with.
     wrong_status: int = 0
-    wall: float = 0.0
     wins_not_one: int = 0
     events_missing: int = 0
-    source: SourceStats = field(default_factory=SourceStats)
+    wall: float = 0.0
     lag: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    outcomes: Counter[str] = field(default_factory=Counter)
+    source: Any = None
     error: str | None = None
+    outcomes: Counter[str] = field(default_factory=Counter)
 
     @property
-    def amplification(self) -> float:
+    def ratio(self) -> float:
         return self.reads / self.min_reads if self.min_reads else float("nan")
 
+    def describe(self) -> str:
+        return (f"{self.ratio:.3f} ({self.reads} reads / {self.min_reads} min, {self.jobs} jobs; "
+                f"{self.redundant} redundant)")
 
-def run_once(svc: Services, scenario: Scenario, *, lease_on: bool, jobs: list[tuple[str, dict[str, Any]]],
+
+def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[tuple[str, dict[str, Any]]],
              fanout_every: float, seed: int, timeout: float, arrival_rate: float, concurrency: int) -> RunResult:
-    from sume_poller import runtime
-    from sume_poller.fanout import run_fanout
-    from sume_poller.messages import PollMessage
-    from sume_poller.observability import metrics
-    from sume_poller.poller import OUTCOME_TOTALS, Poller
+    from sume_poller.batch import BatchRunner
+    from sume_poller.budget import Budget, LocalPacer
+    from sume_poller.fanout import FanOut
+    from sume_poller.lease import LeaseStore
+    from sume_poller.runtime import reads_budget
+    from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
+    from sume_poller.submit import Submitter
 
-    svc.fresh()
-    margin, claim_ttl = scenario.lease_seconds
-    settings = dataclasses.replace(runtime.settings(), lease_margin_seconds=margin, claim_ttl_seconds=claim_ttl)
-    lease: Any = runtime.lease_store() if lease_on else NoLease(settings.lease_key_prefix)
-    store = CountingJobStore(settings.jobs_table)
-    bus = svc.bus()
-    queue = MemQueue(visibility_timeout=180.0)  # the template's PollQueue VisibilityTimeout
-    sume = ObservingSume(runtime.sume_client())
+    stack = svc.fresh()
+    base = svc.settings()
+    lease_s = LeaseSettings(*sc.lease_seconds) if sc.lease_seconds else LeaseSettings()
+    off = BudgetSettings(0, 0, 0, 0)
+    settings = dataclasses.replace(base, lease=lease_s, budget=off)
+    clock, prefix, client = settings.common.clock, settings.redis.key_prefix, svc.redis()
+    budget = reads_budget(client, prefix, off, settings.common)
+    lease: LeaseStore = LeaseStore(client, prefix) if lease_on else NoLease(client, prefix)
+    gate = None if lease_on else NoLeaseGate(lease, budget)  # type: ignore[arg-type]
+    store = CountingStore(settings.common.jobs_table, settings.jobs.pending_shards)
+    bus, queue, sume = CountingBus(settings.event_bus_name), MemQueue(clock), ObservingSume(svc.sume())
 
-    def make_poller(checkpoint: Any) -> Poller:
-        return Poller(settings, lease, sume, store, queue, bus, checkpoint=checkpoint)  # type: ignore[arg-type]
+    def make_runner() -> BatchRunner:
+        poller = make_poller(settings, lease=lease, gate=gate, budget=budget, sume=sume, store=store, bus=bus,
+                             queue=queue)
+        return BatchRunner(poller, queue, safety_margin_ms=settings.safety_margin_ms)
 
-    def fanout() -> Any:
-        return run_fanout(settings, store, queue, lease, lambda: 60_000)  # type: ignore[arg-type]
-
-    tag = f"{scenario.key}{'L' if lease_on else 'N'}{random.Random().getrandbits(24):06x}"
-    ids = [f"job_{tag}_{i:04d}" for i in range(len(jobs))]
-    _warm_up(svc, make_poller(None), tag, settings.pending_shards, store)
-    store.wins.clear()
-    before = Counter(OUTCOME_TOTALS)
-    result = RunResult(jobs=len(jobs))
-    started = time.monotonic()
-    fed = 0
+    fan_settings = dataclasses.replace(FanOutSettings.from_env(os.environ), lease=lease_s, budget=off)
+    submit_settings = dataclasses.replace(SubmitSettings.from_env(os.environ), lease=lease_s, budget=off)
+    submitter = Submitter(submit_settings, sume=svc.sume(), store=store, queue=queue, lease=lease,
+                          creates=Budget(client, f"{prefix}!budget:creates", 0, 0, clock.now),
+                          pacer=LocalPacer(float("inf"), 1))
+    svc.sume().get_status("job_bench_warm_up")  # the API key fetched, connections open: cold start is figure 4
+    run = uuid.uuid4().hex[:8]
+    ids: list[str] = []
+    fed, started = 0, time.monotonic()
 
     def feeder() -> float | None:
-        """Jobs arrive at ``arrival_rate`` per second, as submit makes them: created in Sume, recorded
-        pending, first poll queued (without submit's first delay)."""
+        """Submissions arrive at ``arrival_rate`` per second through the real submit path."""
         nonlocal fed
-        now = time.monotonic()
-        due = min(len(ids), int((now - started) * arrival_rate) + 1)
+        due = min(len(submissions), int((time.monotonic() - started) * arrival_rate) + 1)
         while fed < due:
-            kind, spec = jobs[fed]
-            svc.sim.seed_job(kind, spec, job_id=ids[fed])
-            store.put_pending(ids[fed], kind, DEADLINE_AT, settings.pending_shards)
-            queue.send(PollMessage(job_id=ids[fed], kind=kind, deadline_at=DEADLINE_AT,
-                                   due_at=round(time.time(), 3)).to_json(), 0)
+            kind, spec = submissions[fed]
+            reply = submitter.handle({"kind": kind, "params": {"prompt": f"bench {run} #{fed}", "sim": spec}},
+                                     lambda: 30_000)
+            ids.extend(reply["job_ids"])
             fed += 1
-        return None if fed >= len(ids) else max(0.0, started + fed / arrival_rate - now)
+        return None if fed >= len(submissions) else max(0.0, started + fed / arrival_rate - time.monotonic())
 
-    source = EventSource(queue, make_poller, duplicate=scenario.duplicate, crash_rate=scenario.crash_rate,
-                         fanout=fanout if scenario.fanout else None,
-                         fanout_every=fanout_every if scenario.fanout else None,
-                         rng=random.Random(seed), after_batch=metrics.clear_metrics, feeder=feeder,
-                         concurrency=concurrency)
-    result.source = source.stats
+    source = EventSource(queue, make_runner, duplicate=sc.duplicate, crash_rate=sc.crash_rate,
+                         fanout=(lambda: FanOut(fan_settings, store, queue, lease, budget, lambda: 60_000).run())
+                         if sc.fanout else None, fanout_every=fanout_every, feeder=feeder,
+                         rng=random.Random(seed), concurrency=concurrency)
+    result = RunResult(source=source.stats)
     try:
-        source.run_until(lambda: store.done() >= len(ids), timeout=timeout)
+        source.run(lambda: fed == len(submissions) and store.done() >= len(ids), timeout)
         result.wall = time.monotonic() - started
-        source.drain(timeout=60.0)
+        source.drain(60.0)
     except TimeoutError as exc:
         result.error = f"{exc} ({store.done()}/{len(ids)} terminal)"
         result.wall = time.monotonic() - started
-    result.lag = queue.lag()
-    per_job = svc.sim.stats()["jobs"]
-    for job_id in ids:
-        s = per_job[job_id]
-        result.reads += s["status_reads"]
-        result.min_reads += s["min_reads"]
-        result.result_reads += s["result_reads"]
-        result.over += s["status_reads"] > s["min_reads"]
-    result.redundant = sum(sume.redundant[j] for j in ids)
-    expected = {"completed": "completed", "failed": "failed", "canceled": "canceled"}
-    records = svc.system.jobs(ids)
-    result.wrong_status = sum(1 for j, (_kind, spec) in zip(ids, jobs, strict=True)
-                              if records.get(j, {}).get("status") != expected[spec["outcome"]])
+    result.lag, result.jobs, result.outcomes = queue.lag(), len(ids), source.stats.outcomes
+    per_job = stack.sim.stats()["jobs"]
+    result.reads = sum(per_job[j]["status_reads"] for j in ids)
+    result.min_reads = sum(per_job[j]["min_reads"] for j in ids)
+    result.redundant = sume.redundant
+    wanted = {j: stack.sim.job_info(j)["terminal_status"] for j in ids}
+    records = {r["job_id"]: r for r in stack.records(ids)}
+    result.wrong_status = sum(1 for j, status in wanted.items() if records.get(j, {}).get("status") != status)
     result.wins_not_one = sum(1 for j in ids if store.wins[j] != 1)
     result.events_missing = sum(1 for j in ids if bus.events[j] < 1)
-    result.outcomes = Counter(OUTCOME_TOTALS)
-    result.outcomes.subtract(before)
     return result
 
 
-def _warm_up(svc: Services, poller: Any, tag: str, shards: int, store: CountingJobStore) -> None:
-    """One poll of a throwaway job first: clients built, API key fetched, connections open (that
-    is cold start, figure 4, not read amplification)."""
-    from sume_poller.messages import PollMessage
-
-    job_id = f"job_warm_{tag}"
-    store.put_pending(job_id, "image", DEADLINE_AT, shards)
-    svc.sim.seed_job("image", {"duration": 0}, job_id=job_id)
-    poller.process(PollMessage(job_id=job_id, kind="image", deadline_at=DEADLINE_AT, due_at=0.0))
-
-
-def _describe(r: RunResult) -> str:
-    return (f"{r.amplification:.3f} ({r.reads} reads / {r.min_reads} min, {r.jobs} jobs); {r.redundant} redundant "
-            f"reads, {r.over} jobs over min")
-
-
-def measure(svc: Services, *, n: int, seed: int, fanout_every: float, crash_rate: float,
-            timeout: float, arrival_rate: float = 20.0, crash_lease_seconds: int = 5, concurrency: int = 3,
-            only: str = "abc") -> list[Row]:
+def measure(svc: Services, *, n: int, seed: int, fanout_every: float, crash_rate: float, timeout: float,
+            arrival_rate: float, crash_lease: int, concurrency: int, only: str = "abc") -> list[Row]:
     rows = []
-    jobs = plan(n, seed)
-    for scenario in scenarios(fanout_every, crash_rate, crash_lease_seconds):
-        if scenario.key not in only:
+    submissions = plan(n, seed)
+    for sc in scenarios(fanout_every, crash_rate, crash_lease):
+        if sc.key not in only:
             continue
-        lease, base = (run_once(svc, scenario, lease_on=on, jobs=jobs, fanout_every=fanout_every, seed=seed,
+        lease, base = (run_once(svc, sc, lease_on=on, submissions=submissions, fanout_every=fanout_every, seed=seed,
                                 timeout=timeout, arrival_rate=arrival_rate, concurrency=concurrency)
-                      for on in (True, False))
-        exactly_once = lease.wins_not_one == 0
-        ok = lease.error is None and base.error is None and exactly_once and lease.wrong_status == 0
-        row = Row(scenario.title, _describe(lease), "no lease: " + _describe(base), lease.amplification,
-                  f"<= {TARGET}", ok and lease.amplification <= TARGET)
+                       for on in (True, False))
+        ok = lease.error is None and lease.wins_not_one == 0 and lease.wrong_status == 0 and not lease.events_missing
+        row = Row(sc.title, lease.describe(), "no lease: " + base.describe(), lease.ratio, f"<= {TARGET}",
+                  ok and lease.ratio <= TARGET)
         s, b = lease.source, base.source
-        extra = []
-        if scenario.duplicate:
-            extra.append(f"{s.duplicates} duplicate deliveries (half in the same batch, half 0-2 s later)")
-        if scenario.fanout:
-            extra.append(f"{s.fanouts} fan-out ticks sent {s.fanout_sent} messages (no lease: {b.fanouts} ticks, "
-                         f"{b.fanout_sent} messages)")
-        if scenario.crash_rate:
-            crashed = sum(s.crashes.values())
+        notes = []
+        if sc.duplicate:
+            notes.append(f"{s.duplicates} duplicate deliveries (half in the same batch, half 0-2 s later); dropped "
+                         f"by the lease: {s.outcomes['contention']}")
+        if sc.fanout:
+            notes.append(f"{s.fanouts} fan-out ticks started {s.fanout_started} chains (no lease: {b.fanouts} ticks, "
+                         f"{b.fanout_started} chains)")
+        if sc.crash_rate:
             steps = ", ".join(f"{k} {v}" for k, v in sorted(s.crashes.items())) or "none"
-            extra.append(f"{crashed} of {s.invocations} invocations crashed ({steps}; {s.crash_planned} planned, "
-                         f"a planned step not reached in its batch does not crash); no lease: "
-                         f"{sum(b.crashes.values())} of {b.invocations}")
-        margin, claim_ttl = scenario.lease_seconds
-        extra.append(f"lease margin {margin} s, claim TTL {claim_ttl} s; jobs arriving at {arrival_rate:g}/s, "
-                     f"{concurrency} concurrent invocations; event "
-                     "source lag past due time p50/p95/max: " + " / ".join(f"{x:.2f}" for x in lease.lag) +
-                     " s (no lease: " + " / ".join(f"{x:.2f}" for x in base.lag) + " s)")
-        lease_outcomes = ", ".join(f"{k} {v}" for k, v in sorted(lease.outcomes.items()) if v)
-        extra.append(f"lease run {lease.wall:.1f} s ({lease_outcomes}); no-lease run {base.wall:.1f} s")
-        if exactly_once:
-            extra.append("exactly once: every job won exactly one terminal write")
-        else:
-            extra.append(f"EXACTLY-ONCE VIOLATED with the lease: {lease.wins_not_one} jobs without exactly one "
-                         "terminal write won")
+            notes.append(f"{sum(s.crashes.values())} of {s.invocations} invocations crashed ({steps}); lease margin, "
+                         f"claim and start TTL {sc.lease_seconds[0] if sc.lease_seconds else '-'} s")
+        notes.append(f"jobs arriving at {arrival_rate:g}/s through the submit path, {concurrency} concurrent "
+                     "invocations; event source lag past due p50/p95/max " + "/".join(f"{x:.2f}" for x in lease.lag)
+                     + f" s; runs {lease.wall:.0f} s / {base.wall:.0f} s")
+        notes.append("exactly once: every job won one terminal write and has its event" if ok and not lease.error else
+                     f"LEASE RUN NOT CLEAN: {lease.wins_not_one} jobs without exactly one terminal write, "
+                     f"{lease.wrong_status} with a wrong status, {lease.events_missing} without an event"
+                     + (f"; {lease.error}" if lease.error else ""))
         if base.wins_not_one:
-            extra.append(f"no lease: {base.wins_not_one} jobs won the conditional terminal write more than once - "
-                         "moto's conditional UpdateItem is not atomic under concurrent requests (real DynamoDB "
-                         "serialises them); with the lease, concurrent terminal writes for one job do not happen")
-        if lease.wrong_status or base.wrong_status:
-            extra.append(f"JOBS RECORDED WITH THE WRONG STATUS: {lease.wrong_status} (lease), {base.wrong_status} "
-                         "(no lease)")
-        if lease.events_missing or base.events_missing:
-            extra.append(f"jobs without a terminal event after the drain: {lease.events_missing} (lease), "
-                         f"{base.events_missing} (no lease)")
-        for label, r in (("lease", lease), ("no lease", base)):
-            if r.error:
-                extra.append(f"{label} run did not finish: {r.error}")
-        lease_saves = 1 - lease.reads / base.reads if base.reads else 0.0
-        extra.append(f"the lease saved {lease_saves:.0%} of the no-lease run's Sume status reads")
-        row.notes.append("; ".join(extra))
+            notes.append(f"no lease: {base.wins_not_one} jobs won the conditional terminal write more than once "
+                         "(moto's conditional UpdateItem is not atomic under concurrent requests; real DynamoDB is)")
+        if base.reads:
+            notes.append(f"the lease saved {1 - lease.reads / base.reads:.0%} of the no-lease run's status reads")
+        row.notes.append("; ".join(notes))
         rows.append(row)
-    if rows:
-        rows[0].notes.insert(0, LAG_NOTE)
     return rows

@@ -1,48 +1,59 @@
 """Bench-only stand-ins and counters shared by the figures.
 
-* :class:`MemQueue` - an in-process SQS queue (DelaySeconds, visibility timeout, receive up to
-  10, delete, change visibility). It is the poll queue of figure 1: moto's SQS scans every
-  message on every call, so a few hundred jobs in flight would throttle the event source and
-  lag deliveries past the lease margin - that would measure moto, not the lease.
-* :class:`EventSource` - plays Lambda's SQS event source mapping over a :class:`MemQueue`
-  with the real batch handler (:func:`sume_poller.poller.handle_batch`): optional duplicate
-  delivery, a fan-out tick and crashing invocations.
-* :class:`NoLease` - LeaseStore's interface with the lease disabled (the baseline of figure 1).
-* :class:`CountingJobStore` / :class:`CountingBus` - the real DynamoDB / EventBridge adapters,
+* :class:`MemQueue` - the real :class:`sume_poller.queue.PollQueue` (its batching, its SQS delay
+  rounding) over an in-memory SQS queue: delays, visibility timeout, receive up to 10. It is
+  the poll queue of figure 1: moto's SQS scans every message it holds on every call, so a few
+  hundred jobs in flight would lag deliveries by seconds - that would measure moto, not the lease.
+* :class:`EventSource` - plays Lambda's SQS event source mapping over a :class:`MemQueue` with
+  the real batch adapter (:class:`sume_poller.batch.BatchRunner`): concurrent invocations,
+  optional duplicate delivery, a fan-out tick and crashing invocations.
+* :class:`DetachedQueue` - the poll queue of a Poller driven by hand (figures 2 and 8).
+* :class:`NoLeaseGate` - the read gate with the lease disabled (figure 1's baseline).
+* :class:`CountingStore` / :class:`CountingBus` - the real DynamoDB / EventBridge adapters,
   counting terminal writes won and terminal events per job.
-* :class:`RedisCounter` - server-side round trips (``INFO stats``: ``total_reads_processed``)
-  and commands (``INFO commandstats``) of one Redis server; :class:`CountingConnection` counts
-  the client side (one ``send_packed_command`` = one request written = one round trip).
+* Redis counters: :class:`RedisCounter` counts round trips server-side (``INFO``:
+  ``total_reads_processed``, one per request read; a large pipeline may arrive in several) over
+  one server or every node of a cluster; :func:`counting_client` counts them client-side.
+* :func:`layer_logs_to` - the layer's log lines into a file (figures that run the layer's parts
+  without a local stack, which would do that itself).
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
+import math
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
 
-from sume_poller.aws import EventBus, JobStore, TerminalWrite
+from sume_poller.budget import Budget, LocalPacer
+from sume_poller.events import EventBus
+from sume_poller.gate import Passage, ReadGate
+from sume_poller.lease import Claim, LeaseStore, Step
+from sume_poller.poller import Poller
+from sume_poller.queue import Outgoing, PollQueue
+from sume_poller.store import JobStore, TerminalWrite
 
-# -- the poll queue -----------------------------------------------------------------------------
+# -- the poll queue in memory --------------------------------------------------------------------
 
 
 @dataclass
-class QueuedMessage:
+class _Message:
     message_id: str
     body: str
     visible_at: float
     receipt: int = 0
     receives: int = 0
-    #: A bench-made duplicate (it is not duplicated again).
-    copy: bool = False
+    copy: bool = False  # a bench-made duplicate (not duplicated again)
 
 
 @dataclass(frozen=True)
@@ -53,46 +64,38 @@ class Received:
     copy: bool
 
 
-class MemQueue:
-    """An SQS standard queue in this process: what PollQueue needs (``send``/``send_batch``)
-    plus what the event source needs. Times are ``time.monotonic()`` seconds."""
+class _NoSqs:
+    """Never called: the queues below replace the only method that would."""
 
-    def __init__(self, visibility_timeout: float = 180.0) -> None:
+
+class MemQueue(PollQueue):
+    """PollQueue's sending (chunks of ten, SQS's whole-second delays) into an in-memory queue;
+    times are ``time.monotonic()`` seconds (figure 1 runs at clock scale 1)."""
+
+    def __init__(self, clock: Any, visibility_timeout: float = 180.0) -> None:
+        super().__init__("memory://poll", clock, sqs=_NoSqs())
         self.visibility_timeout = visibility_timeout
         self._cond = threading.Condition()
-        self._messages: dict[str, QueuedMessage] = {}
+        self._messages: dict[str, _Message] = {}
         self._heap: list[tuple[float, int, str, int]] = []  # (visible_at, tiebreak, id, receipt)
         self._ids = itertools.count(1)
-        self.sends = 0
-        self.batch_calls = 0
         #: Seconds each message waited past its due time before its first delivery (event source lag).
         self.lags: list[float] = []
 
-    # -- PollQueue's interface ----------------------------------------------------------------
-    def send(self, body: str, delay_seconds: int) -> None:
-        self.put(body, float(delay_seconds))
-        self.sends += 1
+    def _send_batch(self, chunk: list[Outgoing]) -> set[str]:
+        for message in chunk:
+            self.put(message.body, float(self.real_delay(message.delay)))
+        return set()
 
-    def send_batch(self, entries: Sequence[tuple[str, str, int]]) -> list[str]:
-        if len(entries) > 10:
-            raise ValueError("SendMessageBatch takes at most 10 entries")
-        self.batch_calls += 1
-        for _id, body, delay in entries:
-            self.put(body, float(delay))
-        return []
-
-    # -- the event source's side ------------------------------------------------------------------
-    def put(self, body: str, delay: float, *, copy: bool = False) -> str:
+    def put(self, body: str, delay: float, *, copy: bool = False) -> None:
         with self._cond:
-            message_id = f"m{next(self._ids)}"
-            message = QueuedMessage(message_id, body, time.monotonic() + delay, copy=copy)
-            self._messages[message_id] = message
+            message = _Message(f"m{next(self._ids)}", body, time.monotonic() + delay, copy=copy)
+            self._messages[message.message_id] = message
             self._push(message)
             self._cond.notify_all()
-            return message_id
 
-    def _push(self, message: QueuedMessage) -> None:
-        heapq.heappush(self._heap, (message.visible_at, next(self._ids), message.message_id, message.receipt))
+    def _push(self, m: _Message) -> None:
+        heapq.heappush(self._heap, (m.visible_at, next(self._ids), m.message_id, m.receipt))
 
     def receive(self, max_messages: int = 10) -> list[Received]:
         now = time.monotonic()
@@ -100,50 +103,46 @@ class MemQueue:
         with self._cond:
             while self._heap and len(got) < max_messages and self._heap[0][0] <= now:
                 _at, _tie, message_id, receipt = heapq.heappop(self._heap)
-                message = self._messages.get(message_id)
-                if message is None or message.receipt != receipt:
+                m = self._messages.get(message_id)
+                if m is None or m.receipt != receipt:
                     continue  # deleted, or re-scheduled since this entry was pushed
-                if not message.receives:
-                    self.lags.append(now - message.visible_at)
-                message.receipt += 1
-                message.receives += 1
-                message.visible_at = now + self.visibility_timeout
-                self._push(message)
-                got.append(Received(message_id, message.receipt, message.body, message.copy))
+                if not m.receives:
+                    self.lags.append(now - m.visible_at)
+                m.receipt += 1
+                m.receives += 1
+                m.visible_at = now + self.visibility_timeout
+                self._push(m)
+                got.append(Received(message_id, m.receipt, m.body, m.copy))
         return got
 
     def delete(self, message_id: str, receipt: int) -> None:
         with self._cond:
-            message = self._messages.get(message_id)
-            if message is not None and message.receipt == receipt:
+            m = self._messages.get(message_id)
+            if m is not None and m.receipt == receipt:
                 del self._messages[message_id]
 
     def make_visible(self, message_id: str, receipt: int) -> None:
         """ChangeMessageVisibility(0) for a received message."""
         with self._cond:
-            message = self._messages.get(message_id)
-            if message is not None and message.receipt == receipt:
-                message.receipt += 1
-                message.visible_at = time.monotonic()
-                self._push(message)
+            m = self._messages.get(message_id)
+            if m is not None and m.receipt == receipt:
+                m.receipt += 1
+                m.visible_at = time.monotonic()
+                self._push(m)
                 self._cond.notify_all()
 
-    def expire_in_flight(self) -> int:
-        """Fast-forward the visibility timeout of every received, undeleted message."""
+    def expire_in_flight(self) -> None:
+        """End the visibility timeout of every received, undeleted message now."""
         now = time.monotonic()
         with self._cond:
-            n = 0
-            for message in self._messages.values():
-                if message.receives and message.visible_at > now:
-                    message.receipt += 1
-                    message.visible_at = now
-                    self._push(message)
-                    n += 1
+            for m in self._messages.values():
+                if m.receives and m.visible_at > now:
+                    m.receipt += 1
+                    m.visible_at = now
+                    self._push(m)
             self._cond.notify_all()
-            return n
 
     def wait_visible(self, timeout: float) -> None:
-        """Block until a message may be visible, something is sent, or ``timeout`` passes."""
         with self._cond:
             if self._heap:
                 timeout = min(timeout, max(0.0, self._heap[0][0] - time.monotonic()))
@@ -160,65 +159,71 @@ class MemQueue:
         with self._cond:
             return len(self._messages)
 
-    def bodies(self) -> list[str]:
-        with self._cond:
-            return [m.body for m in self._messages.values()]
 
-    def clear(self) -> None:
-        with self._cond:
-            self._messages.clear()
-            self._heap.clear()
+class DetachedQueue(PollQueue):
+    """A PollQueue with nothing behind it, for a Poller driven by hand: the poller reads only its
+    delay limits (it hands each next message back in its Outcome); a send would be a bug."""
+
+    def __init__(self, clock: Any) -> None:
+        super().__init__("memory://detached", clock, sqs=_NoSqs())
+
+    def _send_batch(self, chunk: list[Outgoing]) -> set[str]:
+        raise AssertionError("a poller driven by hand sends nothing itself")
 
 
-# -- lease disabled -----------------------------------------------------------------------------
+# -- the lease disabled ---------------------------------------------------------------------------
 
 
-class NoLease:
-    """LeaseStore's interface, lease disabled: every acquire/renew succeeds, nothing is leased."""
+class NoLease(LeaseStore):
+    """LeaseStore with the lease disabled: every start, rest and release succeeds, nothing is
+    held. The client is real (fan-out keeps its cursor there)."""
 
-    def __init__(self, prefix: str = "sume:poll:") -> None:
-        self._prefix = prefix
-        self.auth_pause_key = f"{prefix}!auth-paused"
+    def __init__(self, client: Any, prefix: str) -> None:
+        self.client, self.prefix = client, prefix
 
-    def key(self, job_id: str) -> str:
-        return self._prefix + job_id
-
-    def acquire(self, job_id: str, value: str, ttl_ms: int) -> bool:
+    def start(self, job_id: str, token: str, ttl_ms: int) -> bool:
         return True
 
-    def acquire_unless_paused(self, job_id: str, value: str, ttl_ms: int) -> bool | None:
+    def start_many(self, starts: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        return [True] * len(starts)
+
+    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
         return True
 
-    def renew(self, job_id: str, expected: str, new_value: str, ttl_ms: int) -> bool:
+    def release(self, job_id: str, value: str) -> bool:
         return True
 
-    def release(self, job_id: str, expected: str) -> bool:
-        return True
 
-    def live(self, job_ids: Sequence[str]) -> tuple[bool, list[bool]]:
-        return False, [False] * len(job_ids)
+class NoLeaseGate(ReadGate):
+    """The gate without the lease: every message claims its job (a message without a chain
+    token starts a fresh chain); the read budget is taken as the real gate takes it."""
 
-    def pause_auth(self, seconds: int) -> None:
-        return None
+    def __init__(self, lease: NoLease, budget: Budget) -> None:
+        self.lease, self.budget, self.cluster, self._gate = lease, budget, True, None
+
+    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
+              max_wait: float = math.inf, slot: float = 0.0) -> Passage:
+        claim = Claim.FRESH if step is fresh else Claim.OWN
+        if self.budget.unlimited or mode == "none":
+            return Passage(claim)
+        return Passage(claim, self.budget.take(mode, max_wait, slot))
 
 
-# -- counting adapters ----------------------------------------------------------------------------
+# -- counting adapters ------------------------------------------------------------------------------
 
 
-class CountingJobStore(JobStore):
+class CountingStore(JobStore):
     """The real JobStore; counts terminal writes won per job (done = every job won once)."""
 
-    def __init__(self, table: str, ddb: Any = None) -> None:
-        super().__init__(table, ddb)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
         self.wins: Counter[str] = Counter()
-        self.attempts = 0
 
-    def record_terminal(self, job_id: str, status: str, **kwargs: Any) -> TerminalWrite:
-        write = super().record_terminal(job_id, status, **kwargs)
-        with self._lock:
-            self.attempts += 1
-            if write.won:
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> TerminalWrite:
+        write = super().record_terminal(job_id, outcome, now=now)
+        if write.won:
+            with self._lock:
                 self.wins[job_id] += 1
         return write
 
@@ -228,174 +233,127 @@ class CountingJobStore(JobStore):
 
 
 class CountingBus(EventBus):
-    def __init__(self, bus_name: str, events: Any = None) -> None:
-        super().__init__(bus_name, events)
+    def __init__(self, bus_name: str = "default") -> None:
+        super().__init__(bus_name)
         self._lock = threading.Lock()
         self.events: Counter[str] = Counter()
 
-    def put_terminal(self, detail: dict[str, Any]) -> None:
-        super().put_terminal(detail)
+    def put_terminal(self, job_id: str, record: dict[str, Any]) -> None:
+        super().put_terminal(job_id, record)
         with self._lock:
-            self.events[str(detail.get("job_id"))] += 1
+            self.events[job_id] += 1
 
 
-class CaptureQueue:
-    """PollQueue's interface; keeps every body sent (the chain's next messages)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.sent: list[tuple[str, int]] = []
-        self.batch_calls = 0
-
-    def send(self, body: str, delay_seconds: int) -> None:
-        with self._lock:
-            self.sent.append((body, delay_seconds))
-
-    def send_batch(self, entries: Sequence[tuple[str, str, int]]) -> list[str]:
-        with self._lock:
-            self.batch_calls += 1
-            self.sent.extend((body, delay) for _i, body, delay in entries)
-        return []
-
-    def take(self) -> list[tuple[str, int]]:
-        with self._lock:
-            sent, self.sent = self.sent, []
-            return sent
+def make_poller(settings: Any, *, lease: LeaseStore, budget: Budget, sume: Any, store: Any, bus: Any,
+                queue: PollQueue, gate: ReadGate | None = None, cluster: bool = False, **extra: Any) -> Poller:
+    """The poll function's Poller on these parts (``extra``: models, coverage; none by default)."""
+    return Poller(settings, gate=gate or ReadGate(lease, budget, cluster=cluster), budget=budget,
+                  pacer=LocalPacer(budget.rate, settings.budget.max_concurrency, settings.common.clock.now),
+                  sume=sume, store=store, bus=bus, queue=queue, **extra)
 
 
-# -- crashes ---------------------------------------------------------------------------------------
+# -- crashes ------------------------------------------------------------------------------------------
 
 
 class Crash(BaseException):
     """The Lambda process dying at a step: nothing after it runs, no batch response."""
 
 
-#: Checkpoint steps a crashing invocation picks from (Poller._step names).
-CRASH_STEPS = ("claimed", "read", "renewed", "requeued", "written", "published", "released")
+#: Steps a crashing invocation picks from (the poller's step hooks, and the batch's "sent").
+CRASH_STEPS = ("claimed", "read", "rested", "result", "written", "published", "released", "sent")
 
 
-def crash_checkpoint(step: str) -> Callable[[str, str], None]:
-    """A Poller checkpoint raising :class:`Crash` the first time ``step`` is reached."""
+def crash_at(step: str) -> Callable[[str, str], None]:
+    """A step hook raising :class:`Crash` the first time ``step`` is reached."""
     fired = threading.Lock()
 
-    def checkpoint(name: str, job_id: str) -> None:
+    def hook(name: str, job_id: str) -> None:
         if name == step and fired.acquire(blocking=False):
             raise Crash(step)
 
-    return checkpoint
+    return hook
 
 
-# -- the event source ---------------------------------------------------------------------------------
+# -- the event source -----------------------------------------------------------------------------------
 
 
-def sqs_record(message: Received, suffix: str = "") -> dict[str, Any]:
-    return {"messageId": message.message_id + suffix, "receiptHandle": f"{message.message_id}:{message.receipt}",
-            "body": message.body, "attributes": {}, "messageAttributes": {}, "md5OfBody": "",
-            "eventSource": "aws:sqs", "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:poll",
-            "awsRegion": "us-east-1"}
+def sqs_record(m: Received, suffix: str = "") -> dict[str, Any]:
+    return {"messageId": m.message_id + suffix, "receiptHandle": f"{m.message_id}:{m.receipt}", "body": m.body,
+            "attributes": {}, "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
+            "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:poll", "awsRegion": "us-east-1"}
 
 
 @dataclass
 class SourceStats:
     invocations: int = 0
-    records: int = 0
-    failures: int = 0
     duplicates: int = 0
     crashes: Counter[str] = field(default_factory=Counter)
-    crash_planned: int = 0
     fanouts: int = 0
-    fanout_sent: int = 0
-    fanout_seconds: list[float] = field(default_factory=list)
+    fanout_started: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
 
 
 class EventSource:
-    """Lambda's SQS event source over a :class:`MemQueue`, with the real batch handler.
+    """Lambda's SQS event source over a :class:`MemQueue`: ``concurrency`` invocations at once, each
+    of up to 10 messages through its own real BatchRunner. ``duplicate``: every message delivered
+    twice (half the copies in the same batch, half 0-2 s later). ``crash_rate``: that share of
+    invocations crash at a random step (the whole batch stays undeleted for the visibility
+    timeout). ``fanout``: run every ``fanout_every`` s beside the invocations; ``feeder``: called
+    every cycle (new jobs arriving), returns seconds until it has more, None when done."""
 
-    ``concurrency`` invocations run at once (the event source mapping's MaximumConcurrency),
-    each receiving up to 10 messages. ``duplicate``: every message is delivered twice - half the
-    copies in the same batch (they race each other), half re-sent to arrive 0-2 s later.
-    ``crash_rate``: that share of invocations crash at a random step (:data:`CRASH_STEPS`); a
-    crashed batch deletes nothing, so its messages stay in flight for the visibility timeout.
-    ``fanout``: called every ``fanout_every`` seconds (the schedule), beside the invocations.
-    """
-
-    def __init__(self, queue: MemQueue, make_poller: Callable[[Callable[[str, str], None] | None], Any], *,
-                 duplicate: bool = False, crash_rate: float = 0.0, fanout: Callable[[], Any] | None = None,
-                 fanout_every: float | None = None, rng: random.Random | None = None,
-                 after_batch: Callable[[], None] | None = None,
-                 feeder: Callable[[], float | None] | None = None, concurrency: int = 3) -> None:
-        self.queue = queue
-        self.make_poller = make_poller
-        self.duplicate = duplicate
-        self.crash_rate = crash_rate
-        self.fanout = fanout
-        self.fanout_every = fanout_every
+    def __init__(self, queue: MemQueue, make_runner: Callable[[], Any], *, duplicate: bool = False,
+                 crash_rate: float = 0.0, fanout: Callable[[], Any] | None = None, fanout_every: float = 3.0,
+                 feeder: Callable[[], float | None] | None = None, rng: random.Random | None = None,
+                 concurrency: int = 3) -> None:
+        self.queue, self.make_runner = queue, make_runner
+        self.duplicate, self.crash_rate = duplicate, crash_rate
+        self.fanout, self.fanout_every, self.feeder = fanout, fanout_every, feeder
         self.rng = rng or random.Random(0)
-        self.after_batch = after_batch
-        #: Called every cycle (new jobs arriving); returns seconds until it has more, None when done.
-        self.feeder = feeder
         self.concurrency = concurrency
         self.stats = SourceStats()
-        self._lock = threading.Lock()  # rng and stats, shared by the invocation threads
+        self._lock = threading.Lock()
 
-    def deliver(self, messages: list[Received]) -> None:
-        """One invocation of the poll function with these messages; delete what succeeded."""
-        from sume_poller.poller import handle_batch
-
+    def _deliver(self, runner: Any, messages: list[Received]) -> None:
         records = [sqs_record(m) for m in messages]
-        checkpoint = None
+        hook = None
         with self._lock:
             if self.duplicate:
                 for m in messages:
-                    if m.copy:
-                        continue
-                    self.stats.duplicates += 1
-                    if self.rng.random() < 0.5:
-                        records.append(sqs_record(m, "-dup"))  # the same message twice in one batch
-                    else:
-                        self.queue.put(m.body, self.rng.uniform(0.0, 2.0), copy=True)  # again, later
+                    if not m.copy:
+                        self.stats.duplicates += 1
+                        if self.rng.random() < 0.5:
+                            records.append(sqs_record(m, "-dup"))  # the same message twice in one batch
+                        else:
+                            self.queue.put(m.body, self.rng.uniform(0.0, 2.0), copy=True)  # again, later
             if self.crash_rate and self.rng.random() < self.crash_rate:
-                self.stats.crash_planned += 1
-                checkpoint = crash_checkpoint(self.rng.choice(CRASH_STEPS))
+                hook = crash_at(self.rng.choice(CRASH_STEPS))
             self.stats.invocations += 1
-            self.stats.records += len(records)
+        runner.poller.step_hook = hook
         try:
-            reply = handle_batch({"Records": records}, lambda: 30_000, self.make_poller(checkpoint))
+            report = runner.run({"Records": records}, lambda: 30_000)
         except Crash as crash:
             with self._lock:
                 self.stats.crashes[str(crash)] += 1
-            return  # the process died: nothing deleted, the batch waits out its visibility timeout
-        finally:
-            if self.after_batch:
-                self.after_batch()
-        failed = {f["itemIdentifier"].removesuffix("-dup") for f in reply.get("batchItemFailures", [])}
+            return  # the process died: nothing deleted
+        failed = {mid.removesuffix("-dup") for mid in report.failures}
         with self._lock:
-            self.stats.failures += len(failed)
+            self.stats.outcomes.update(report.counts())
         for m in messages:
             if m.message_id in failed:
-                self.queue.make_visible(m.message_id, m.receipt)  # fast retry, like LocalSystem
+                self.queue.make_visible(m.message_id, m.receipt)
             else:
                 self.queue.delete(m.message_id, m.receipt)
 
-    def _tick(self, next_fanout: float) -> float:
-        if self.fanout is None or self.fanout_every is None or time.monotonic() < next_fanout:
-            return next_fanout
-        started = time.monotonic()
-        report = self.fanout()
-        self.stats.fanout_seconds.append(time.monotonic() - started)
-        self.stats.fanouts += 1
-        self.stats.fanout_sent += int(getattr(report, "sent", 0))
-        return time.monotonic() + self.fanout_every
-
-    def _invocations(self, stop: threading.Event, errors: list[BaseException]) -> list[threading.Thread]:
+    def _workers(self, stop: threading.Event, errors: list[BaseException]) -> list[threading.Thread]:
         def loop() -> None:
+            runner = self.make_runner()
             while not stop.is_set():
                 messages = self.queue.receive(10)
                 if not messages:
                     self.queue.wait_visible(0.05)
                     continue
                 try:
-                    self.deliver(messages)
+                    self._deliver(runner, messages)
                 except BaseException as exc:  # surfaced by the caller
                     errors.append(exc)
                     stop.set()
@@ -405,26 +363,31 @@ class EventSource:
             thread.start()
         return threads
 
-    def _run(self, done: Callable[[], bool], timeout: float, what: str, schedule: bool) -> None:
+    def run(self, done: Callable[[], bool], timeout: float, *, schedule: bool = True) -> None:
+        """Invocations (and, with ``schedule``, fan-out ticks and arrivals) until ``done()``."""
         stop, errors = threading.Event(), []  # type: ignore[var-annotated]
-        threads = self._invocations(stop, errors)
+        threads = self._workers(stop, errors)
         deadline = time.monotonic() + timeout
-        next_fanout = time.monotonic() + (self.fanout_every or 0.0)
+        next_fanout = time.monotonic() + self.fanout_every
         try:
             while not done():
                 if errors:
                     raise errors[0]
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{what} after {timeout:.0f} s")
+                    raise TimeoutError(f"not done after {timeout:.0f} s")
                 wait = 0.05
-                if schedule:
-                    next_fanout = self._tick(next_fanout)
-                    feed_in = self.feeder() if self.feeder else None
-                    if feed_in is None:
+                if schedule and self.fanout is not None and time.monotonic() >= next_fanout:
+                    report = self.fanout()
+                    self.stats.fanouts += 1
+                    self.stats.fanout_started += report.started
+                    next_fanout = time.monotonic() + self.fanout_every
+                if schedule and self.feeder is not None:
+                    more = self.feeder()
+                    if more is None:
                         self.feeder = None
                     else:
-                        wait = min(wait, feed_in)
-                stop.wait(wait)  # the invocation threads do the work meanwhile
+                        wait = min(wait, more)
+                stop.wait(wait)
         finally:
             stop.set()
             for thread in threads:
@@ -432,46 +395,11 @@ class EventSource:
         if errors:
             raise errors[0]
 
-    def run_until(self, done: Callable[[], bool], timeout: float) -> None:
-        """Run the invocations, the schedule and the arrivals until ``done()`` (TimeoutError at the deadline)."""
-        self._run(done, timeout, "not done", schedule=True)
-
     def drain(self, timeout: float) -> None:
-        """Deliver everything left (in-flight messages of crashed batches too, their visibility
-        timeout fast-forwarded) until the queue is empty. No more crashes while draining."""
-        crash_rate, self.crash_rate = self.crash_rate, 0.0
-        try:
-            self.queue.expire_in_flight()
-            self._run(lambda: self.queue.depth() == 0, timeout, "queue not drained", schedule=False)
-        finally:
-            self.crash_rate = crash_rate
-
-
-class ObservingSume:
-    """The real SumeClient; remembers the status each read saw, per job, to count redundant reads:
-    a status read that sees the same status as the job's previous read learnt nothing new."""
-
-    def __init__(self, sume: Any) -> None:
-        self._sume = sume
-        self._lock = threading.Lock()
-        self._last: dict[str, str] = {}
-        self.redundant: Counter[str] = Counter()
-
-    def get_status(self, job_id: str) -> Any:
-        from sume_poller.sume import Pending, Terminal
-
-        reply = self._sume.get_status(job_id)
-        seen = reply.status if isinstance(reply, Pending) else (
-            f"terminal:{reply.sume_status}" if isinstance(reply, Terminal) else None)
-        if seen is not None:
-            with self._lock:
-                if self._last.get(job_id) == seen:
-                    self.redundant[job_id] += 1
-                self._last[job_id] = seen
-        return reply
-
-    def get_result(self, job_id: str) -> Any:
-        return self._sume.get_result(job_id)
+        """Deliver everything left, in-flight messages of crashed batches too, without crashes."""
+        self.crash_rate = 0.0
+        self.queue.expire_in_flight()
+        self.run(lambda: self.queue.depth() == 0, timeout, schedule=False)
 
 
 # -- Redis counters --------------------------------------------------------------------------------
@@ -487,53 +415,65 @@ class CallCounter:
             self.n += k
 
 
-def counting_connection_class(counter: CallCounter) -> type[redis.Connection]:
+def counting_client(url: str, counter: CallCounter) -> redis.Redis:
+    """A standalone client like the layer's (``redisconn.connect``) whose round trips are
+    counted client-side: one ``send_packed_command`` = one request written = one round trip."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
     class CountingConnection(redis.Connection):
         def send_packed_command(self, command: Any, check_health: bool = True) -> None:
             counter.add()
             super().send_packed_command(command, check_health)
 
-    return CountingConnection
-
-
-def counting_client(url: str, counter: CallCounter, **kwargs: Any) -> redis.Redis:
-    """A Redis client like ``runtime.redis_client()`` whose round trips are counted client-side."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    options: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, "retry": Retry(NoBackoff(), 1),
-                               "health_check_interval": 30, "decode_responses": True, "max_connections": 32}
-    options.update(kwargs)
-    pool = redis.ConnectionPool.from_url(url, connection_class=counting_connection_class(counter), **options)
+    pool = redis.ConnectionPool.from_url(url, connection_class=CountingConnection, decode_responses=True,
+                                         socket_timeout=2.0, retry=Retry(NoBackoff(), 1), max_connections=32)
     return redis.Redis(connection_pool=pool)
 
 
 @dataclass(frozen=True)
 class RedisSnapshot:
     reads: int
-    commands: dict[str, int]
+    commands: Counter[str]
 
 
 class RedisCounter:
-    """Server-side counters of one Redis server, read with one ``INFO stats commandstats``.
+    """Server-side counters of one redis-server, or of every node of a cluster (``ports``).
 
-    Round trips = the delta of ``total_reads_processed`` (read events: one per request on a
-    connection, a pipeline arriving in one read) minus the one read of the closing INFO itself.
-    Commands = the ``commandstats`` delta without INFO (commands run inside Lua are counted there
-    too: an EVALSHA of the renew script shows as evalsha + get + set).
-    """
+    Round trips = the delta of ``total_reads_processed`` minus the one read of each closing
+    ``INFO``. Commands = the ``commandstats`` delta without INFO (commands run inside Lua are
+    counted there too: an EVALSHA of a script shows as evalsha + get + set)."""
 
-    def __init__(self, url: str) -> None:
-        self._r = redis.Redis.from_url(url, decode_responses=True)
+    def __init__(self, ports: list[int]) -> None:
+        self._nodes = [redis.Redis(host="127.0.0.1", port=p, decode_responses=True) for p in ports]
 
     def snapshot(self) -> RedisSnapshot:
-        info = self._r.execute_command("INFO", "stats", "commandstats")
-        commands = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
-                    if k.startswith("cmdstat_") and k != "cmdstat_info"}
-        return RedisSnapshot(int(info["total_reads_processed"]), commands)
+        reads, commands = 0, Counter[str]()
+        for node in self._nodes:
+            info = node.execute_command("INFO", "stats", "commandstats")
+            reads += int(info["total_reads_processed"])
+            commands.update({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
+                             if k.startswith("cmdstat_") and k != "cmdstat_info"})
+        return RedisSnapshot(reads, commands)
 
-    @staticmethod
-    def delta(before: RedisSnapshot, after: RedisSnapshot) -> tuple[int, dict[str, int]]:
-        commands = {k: v - before.commands.get(k, 0) for k, v in after.commands.items()
-                    if v != before.commands.get(k, 0)}
-        return after.reads - before.reads - 1, commands
+    def delta(self, before: RedisSnapshot, after: RedisSnapshot) -> tuple[int, Counter[str]]:
+        commands = Counter(after.commands)
+        commands.subtract(before.commands)
+        return after.reads - before.reads - len(self._nodes), +commands
+
+
+# -- logs ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def layer_logs_to(path: Path) -> Iterator[None]:
+    """The layer's Powertools log lines go to ``path`` (not stdout, where the table goes) meanwhile."""
+    from sume_poller.observability import logger
+
+    with open(path, "a", encoding="utf-8") as log:
+        previous = [(h, h.setStream(log)) for h in logger.handlers if hasattr(h, "setStream")]
+        try:
+            yield
+        finally:
+            for handler, stream in previous:
+                handler.setStream(stream)
