@@ -107,10 +107,21 @@ def test_start_many_runs_one_script_per_job_in_one_pipeline_and_skips_held_jobs(
                                                                                rdb: redis.Redis) -> None:
     rdb.set("t:lease:job_2", "a" * 32 + ":0", px=TTL)
     lease.start_many([("job_warm", new_token())], TTL)  # loads the script once
-    before = evalsha_calls(rdb)
+    before, checks = evalsha_calls(rdb), script_exists_calls(rdb)
     started = lease.start_many([(f"job_{i}", new_token()) for i in range(5)], TTL)
     assert started == [True, True, False, True, True]
     assert evalsha_calls(rdb) - before == 5
+    assert script_exists_calls(rdb) == checks  # no second round trip to check the script first
+
+
+def script_exists_calls(rdb: redis.Redis) -> int:
+    return int(rdb.info("commandstats").get("cmdstat_script|exists", {}).get("calls", 0))
+
+
+def test_start_many_loads_its_script_again_when_redis_lost_it(lease: LeaseStore, rdb: redis.Redis) -> None:
+    lease.start_many([("job_a", new_token())], TTL)
+    rdb.script_flush()  # what a restart or a failover to a fresh replica does
+    assert lease.start_many([("job_b", new_token()), ("job_a", new_token())], TTL) == [True, False]
 
 
 def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore, rdb: redis.Redis) -> None:

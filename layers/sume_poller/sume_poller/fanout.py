@@ -35,7 +35,7 @@ from .jobs import KINDS, InvalidJobId, validate_job_id
 from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
-from .queue import Outgoing, PollQueue
+from .queue import SQS_BATCH, Outgoing, PollQueue
 from .settings import FanOutSettings
 from .store import JobStore
 
@@ -83,6 +83,9 @@ class FanOut:
         self.page_size = page_size
         self.cursor_key = f"{lease.prefix}!fanout-cursor"
         self.report = FanOutReport()
+        #: Chains started (leases taken) whose first message is not sent yet: sent in full
+        #: SendMessageBatch calls across pages, the rest when the tick ends.
+        self._ready: list[tuple[dict[str, Any], str]] = []
 
     def run(self) -> FanOutReport:
         self._outbox()
@@ -94,7 +97,10 @@ class FanOut:
             self.report.redis_unavailable = True
             logger.error("Redis unavailable: fan-out starts no chain this tick", extra={"error": type(exc).__name__})
             return self.report
-        self._pending(cursor)
+        try:
+            self._pending(cursor)
+        finally:
+            self._flush()
         return self.report
 
     def _count(self) -> None:
@@ -182,8 +188,8 @@ class FanOut:
         self._save_cursor(cursor)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
-        """Start a chain for each job whose lease is free (one pipelined round trip) and send its
-        first message; a held lease means the job has a live chain."""
+        """Start a chain for each job whose lease is free (one pipelined round trip); its first
+        message goes out with the next full batch. A held lease means the job has a live chain."""
         if not jobs:
             return
         tokens = [new_token() for _ in jobs]
@@ -191,7 +197,17 @@ class FanOut:
                                       self.s.lease.start_ttl * 1000)
         starts = [(j, t) for j, t, ok in zip(jobs, tokens, taken, strict=True) if ok]
         self.report.leased += len(jobs) - len(starts)
-        self.report.started += self._send(starts, lease=True)
+        self.report.started += len(starts)
+        self._ready += starts
+        if len(self._ready) >= SQS_BATCH:
+            self._flush(len(self._ready) // SQS_BATCH * SQS_BATCH)
+
+    def _flush(self, count: int | None = None) -> None:
+        """Send the first ``count`` ready messages (all by default)."""
+        batch = self._ready[:count]
+        self._ready = self._ready[len(batch):]
+        if batch:
+            self.report.started -= len(batch) - self._send(batch, lease=True)
 
     def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
         now = self.clock.now()

@@ -37,6 +37,7 @@ from enum import IntEnum
 from typing import Any
 
 from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
 
 #: Lua: claim step (T, n). ARGV: resting, claimed, token, seq, fresh claimed value, ttl ms.
 #: Returns 1 (claimed, own chain), 2 (lease was free: claimed as the fresh chain), 0 (held).
@@ -173,17 +174,29 @@ class LeaseStore:
         """A new chain takes the free lease as ``token:0``; False if a chain holds the job."""
         return bool(self._start(keys=[self.key(job_id)], args=[f"{token}:0", ttl_ms]))
 
+    def _start_pipelined(self, starts: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
+        """EVALSHA in a pipeline, not redis-py's Script: a pipeline holding a Script first asks
+        SCRIPT EXISTS, a second round trip on every call. The script is loaded again only when
+        Redis lost it (a restart, a failover); none of the starts ran then, so all are repeated."""
+        for _ in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for job_id, token in starts:
+                pipe.evalsha(self._start.sha, 1, self.key(job_id), f"{token}:0", ttl_ms)
+            try:
+                return [bool(r) for r in pipe.execute()]
+            except NoScriptError:
+                self.client.script_load(START_LUA)
+        raise NoScriptError("the start script was lost twice in a row")
+
     def start_many(self, starts: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
         """:meth:`start` for many ``(job_id, token)`` in one pipelined round trip.
 
         A cluster pipeline may not run scripts: there each job gets ``SET NX PX``, and the jobs
         that come back held get one more pipelined ``GET`` - a start whose reply was lost and
         was repeated finds its own value (the start is then still ours)."""
-        pipe = self.client.pipeline(transaction=False)
         if not isinstance(self.client, RedisCluster):
-            for job_id, token in starts:
-                self._start(keys=[self.key(job_id)], args=[f"{token}:0", ttl_ms], client=pipe)
-            return [bool(r) for r in pipe.execute()]
+            return self._start_pipelined(starts, ttl_ms)
+        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
         for job_id, token in starts:
             pipe.set(self.key(job_id), f"{token}:0", nx=True, px=ttl_ms)
         taken = [bool(r) for r in pipe.execute()]
