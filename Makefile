@@ -35,7 +35,7 @@ EVENT   ?= events/submit_image.json
 export SAM_CLI_TELEMETRY := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-rest redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
+.PHONY: setup setup-e2e setup-lint redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
         models redrive logs clean
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
@@ -99,15 +99,16 @@ test-e2e: setup
 
 # The integration and e2e tiers mostly wait (on SQS delays, a compressed clock, deployed
 # Lambdas): the checks and all three tiers run at once, each into its own log, printed when it
-# finishes. The unit and integration tiers need only .venv and redis-server, so they start while
-# the other virtualenvs install; lint, build and e2e start once those are in. (e2e builds the
-# template itself, into a directory of its own.)
+# finishes. Each starts as soon as what it needs is installed: unit and integration once .venv is
+# in, build and e2e once the SAM and ministack virtualenvs are (installed meanwhile), lint last
+# with checkov's. (e2e builds the template itself, into a directory of its own.)
 test: $(VENV)/.installed redis
-	@./scripts/run-tiers.sh unit integration -- lint build e2e
+	@./scripts/run-tiers.sh unit integration @setup-e2e build e2e @setup-lint lint
 
-# What lint, build and e2e need beyond .venv (run-tiers.sh installs it meanwhile).
-setup-rest:
-	@$(MAKE) --no-print-directory -j3 $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed
+setup-e2e:
+	@$(MAKE) --no-print-directory -j2 $(SAMVENV)/.installed $(MSVENV)/.installed
+
+setup-lint: $(CKVENV)/.installed
 
 # -- running it --------------------------------------------------------------------------------
 demo: setup

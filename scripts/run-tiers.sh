@@ -2,9 +2,10 @@
 # Run the checks and the test tiers in parallel, each into its own log file
 # (.scratch/logs/<tier>.log), and print a tier's log as soon as it finishes, so the output stays
 # readable. Exits non-zero if any of them failed.
-#   scripts/run-tiers.sh unit integration -- lint build e2e
-# Tiers after "--" need the virtualenvs of `make setup-rest`: they start once it has installed
-# them, while the tiers before "--" are already running.
+#   scripts/run-tiers.sh unit integration @setup-e2e build e2e @setup-lint lint
+# "@target" is a make target that installs what the tiers after it need: the first one starts at
+# once (beside the tiers before it), each later one when the one before it is done; a tier after
+# "@target" starts when that target is done.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -18,7 +19,7 @@ start_tier() {
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
     integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 4 --dist loadfile) ;;
     e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e) ;;
-    setup-rest)  cmd=(make --no-print-directory setup-rest) ;;
+    @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
   esac
   ( started=$SECONDS
@@ -30,18 +31,24 @@ start_tier() {
   echo "== $tier: started (log: $LOGS/$tier.log)"
 }
 
-later=()
-seen_separator=0
+stages=()   # "@target tier tier ..." strings, in order
 for tier in "$@"; do
-  if [[ $tier == "--" ]]; then
-    seen_separator=1
-  elif ((seen_separator)); then
-    later+=("$tier")
+  if [[ $tier == @* ]]; then
+    stages+=("$tier")
+  elif ((${#stages[@]})); then
+    stages[-1]+=" $tier"
   else
     start_tier "$tier"
   fi
 done
-((${#later[@]})) && start_tier setup-rest
+next_stage=0
+start_next_stage() {
+  if ((next_stage < ${#stages[@]})); then
+    local words=(${stages[$next_stage]})
+    start_tier "${words[0]}"
+  fi
+}
+start_next_stage
 
 failed=()
 while ((${#tier_of[@]})); do
@@ -53,11 +60,18 @@ while ((${#tier_of[@]})); do
   echo "==================================== $tier ===================================="
   cat "$LOGS/$tier.log"
   ((code == 0)) || failed+=("$tier")
-  if [[ $tier == setup-rest ]]; then
+  if [[ $tier == @* ]]; then
+    words=(${stages[$next_stage]})
+    next_stage=$((next_stage + 1))
     if ((code == 0)); then
-      for next in "${later[@]}"; do start_tier "$next"; done
+      for next in "${words[@]:1}"; do start_tier "$next"; done
+      start_next_stage
     else
-      failed+=("${later[@]/%/ (not run)}")
+      for stage in "${stages[@]:next_stage - 1}"; do
+        words=($stage)
+        failed+=("${words[@]:1}")
+      done
+      next_stage=${#stages[@]}
     fi
   fi
 done
