@@ -35,21 +35,13 @@ EVENT   ?= events/submit_image.json
 export SAM_CLI_TELEMETRY := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: setup setup-e2e setup-lint redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
+.PHONY: setup setup-dev setup-e2e setup-lint redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
         models redrive logs clean
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
-# $(call venv,DIR,PIP-ARGS): create DIR if needed, pip install into it (its output goes to
-# .scratch/logs/DIR.log, printed only if pip fails), mark it installed. --no-compile: modules
-# are byte-compiled when first imported instead of all at install (most are never imported).
-define venv
-	@mkdir -p .scratch/logs
-	@echo "installing $(1) ($(2))"
-	@test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
-	@$(1)/bin/python -m pip install --no-compile $(2) >.scratch/logs/$(1).log 2>&1 \
-		|| { cat .scratch/logs/$(1).log; echo "pip install into $(1) failed (log above)"; exit 1; }
-	@touch $(1)/.installed
-endef
+# $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, pip installs (log in
+# .scratch/logs/DIR.log) and marks it installed, one install per virtualenv at a time.
+venv = @./scripts/venv.sh $(1) $(PYTHON) "$(2)" $^
 
 $(VENV)/.installed: requirements-dev.txt layers/sume_poller/requirements.txt \
                     layers/sume_poller/requirements-tracing.txt
@@ -99,16 +91,19 @@ test-e2e: setup
 
 # The integration and e2e tiers mostly wait (on SQS delays, a compressed clock, deployed
 # Lambdas): the checks and all three tiers run at once, each into its own log, printed when it
-# finishes. Each starts as soon as what it needs is installed: unit and integration once .venv is
-# in, build and e2e once the SAM and ministack virtualenvs are (installed meanwhile), lint last
-# with checkov's. (e2e builds the template itself, into a directory of its own.)
-test: $(VENV)/.installed redis
-	@./scripts/run-tiers.sh unit integration @setup-e2e build e2e @setup-lint lint
+# finishes. Each starts as soon as what it needs is installed, in two chains side by side: unit
+# and integration once .venv is in; build and e2e once the SAM and ministack virtualenvs (and
+# .venv) are, then lint once checkov's is. (e2e builds the template itself, into a directory of
+# its own.)
+test: redis
+	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e @setup-lint lint
+
+setup-dev: $(VENV)/.installed
 
 setup-e2e:
-	@$(MAKE) --no-print-directory -j2 $(SAMVENV)/.installed $(MSVENV)/.installed
+	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
 
-setup-lint: $(CKVENV)/.installed
+setup-lint: $(VENV)/.installed $(CKVENV)/.installed
 
 # -- running it --------------------------------------------------------------------------------
 demo: setup

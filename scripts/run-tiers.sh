@@ -2,17 +2,22 @@
 # Run the checks and the test tiers in parallel, each into its own log file
 # (.scratch/logs/<tier>.log), and print a tier's log as soon as it finishes, so the output stays
 # readable. Exits non-zero if any of them failed.
-#   scripts/run-tiers.sh unit integration @setup-e2e build e2e @setup-lint lint
-# "@target" is a make target that installs what the tiers after it need: the first one starts at
-# once (beside the tiers before it), each later one when the one before it is done; a tier after
-# "@target" starts when that target is done.
+#
+#   scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e @setup-lint lint
+#
+# Comma-separated chains run side by side. In a chain, "@target" is a make target that installs
+# what the tiers after it need: a chain's first one starts at once, each later one when the one
+# before it is done, and the tiers after it start when it is done (a failed install fails them).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 LOGS=.scratch/logs
 mkdir -p "$LOGS"
-declare -A tier_of=()
-start_tier() {
+
+declare -A tier_of=() chain_of=()
+failed=()
+
+start_tier() {  # start_tier TIER [CHAIN]
   local tier=$1 cmd
   case "$tier" in
     lint|build)  cmd=(make --no-print-directory "$tier") ;;
@@ -28,57 +33,50 @@ start_tier() {
     echo "== $tier: exit $code after $((SECONDS - started)) s" >>"$LOGS/$tier.log"
     exit "$code" ) &
   tier_of[$!]=$tier
+  chain_of[$!]=${2:-}
   echo "== $tier: started (log: $LOGS/$tier.log)"
 }
 
-stages=()   # "@target tier tier ..." strings, in order
-for tier in "$@"; do
-  if [[ $tier == @* ]]; then
-    stages+=("$tier")
-  elif ((${#stages[@]})); then
-    stages[-1]+=" $tier"
-  else
-    start_tier "$tier"
-  fi
+# Each chain is kept as the words still to start; advance CHAIN starts its tiers up to and
+# including its next "@target", and leaves the rest for when that target is done.
+chains=("")
+for word in "$@"; do
+  if [[ $word == "," ]]; then chains+=(""); else chains[-1]+="$word "; fi
 done
-next_stage=0
-start_next_stage() {
-  if ((next_stage < ${#stages[@]})); then
-    local words=(${stages[$next_stage]})
-    start_tier "${words[0]}"
-  fi
+advance() {  # advance CHAIN
+  local words=(${chains[$1]}) i=0
+  while ((i < ${#words[@]})); do
+    start_tier "${words[$i]}" "$1"
+    if [[ ${words[$i]} == @* ]]; then i=$((i + 1)); break; fi
+    i=$((i + 1))
+  done
+  chains[$1]="${words[*]:i}"
 }
-start_next_stage
+for c in "${!chains[@]}"; do advance "$c"; done
 
-failed=()
 while ((${#tier_of[@]})); do
   wait -n -p finished "${!tier_of[@]}"
   code=$?
   tier=${tier_of[$finished]}
-  unset "tier_of[$finished]"
+  chain=${chain_of[$finished]}
+  unset "tier_of[$finished]" "chain_of[$finished]"
   echo
   echo "==================================== $tier ===================================="
   cat "$LOGS/$tier.log"
   ((code == 0)) || failed+=("$tier")
   if [[ $tier == @* ]]; then
-    words=(${stages[$next_stage]})
-    next_stage=$((next_stage + 1))
     if ((code == 0)); then
-      for next in "${words[@]:1}"; do start_tier "$next"; done
-      start_next_stage
+      advance "$chain"
     else
-      for stage in "${stages[@]:next_stage - 1}"; do
-        words=($stage)
-        failed+=("${words[@]:1}")
-      done
-      next_stage=${#stages[@]}
+      for word in ${chains[$chain]}; do [[ $word == @* ]] || failed+=("$word (not run)"); done
+      chains[$chain]=""
     fi
   fi
 done
 
 echo
 if ((${#failed[@]})); then
-  echo "FAILED tiers: ${failed[*]}"
+  echo "FAILED: ${failed[*]}"
   exit 1
 fi
-echo "all tiers passed: $*"
+echo "all passed: $*"

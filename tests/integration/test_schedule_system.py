@@ -21,7 +21,8 @@ SCALE = 0.1
 PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerMinute": 0, "ReadsPerDay": 0}
 
 
-module_stack, stack = stack_fixtures(SCALE, PARAMETERS, {**SAFE_LEASES, "CLAIM_TTL_SECONDS": "4"})
+ENV = {**SAFE_LEASES, "CLAIM_TTL_SECONDS": "4", "SUME_READ_TIMEOUT": "1"}  # a crashed claim is retried soon
+module_stack, stack = stack_fixtures(SCALE, PARAMETERS, ENV)
 
 
 def videos(stack: InProcessStack, durations: list[float]) -> list[str]:
