@@ -167,8 +167,9 @@ def model_lines(store: Any, profiles: Iterable[str], now: Callable[[], float]) -
             lines.append((profile, f"median {model['median']:g} s, p90 {model['p90']:g} s, sigma {model['sigma']:g} "
                                    f"({model['observations']} observations)"))
         else:
-            lines.append((profile, f"static schedule ({model['observations']} observations; "
-                                   f"{MIN_OBSERVATIONS} make a model)"))
+            lines.append((profile, f"static schedule ({model['observations']} completions, {model['bracketed']} "
+                                   f"seen running first; a model needs {MIN_OBSERVATIONS} and "
+                                   f"{MIN_OBSERVATIONS // 3})"))
     return lines
 
 

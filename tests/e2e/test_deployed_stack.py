@@ -244,6 +244,10 @@ def test_make_status_reads_the_deployed_stack(stack: DeployedStack, monkeypatch:
     assert any(line.startswith(f"oldest {waiting} (image)") for line in lines), lines
     assert "dead-letter queue 0" in lines
 
+    assert ops.main(["models", "--stack", stack.stack_name]) == 0  # make models
+    models = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("image ") and "static schedule (2 completions" in line for line in models), models
+
 
 def test_redrive_starts_a_message_move_task_from_the_dlq_to_the_poll_queue(stack: DeployedStack) -> None:
     # Neither moto nor ministack implements StartMessageMoveTask: the request is checked against

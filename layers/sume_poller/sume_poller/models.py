@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .durations import LogNormal, completed, intervals_from, model_from, summary
+from .durations import LogNormal, bracketed, completed, intervals_from, model_from, summary
 from .observability import logger
 
 REFRESH = 300.0
@@ -27,6 +27,8 @@ class Fitted:
     model: LogNormal | None
     observations: int
     at: float
+    #: Completions seen running first (see :func:`sume_poller.durations.bracketed`).
+    bracketed: int = 0
 
 
 class ModelCache:
@@ -54,11 +56,11 @@ class ModelCache:
                 return cached
         try:
             intervals = intervals_from(self.store.observations(key), now, self.half_life)
-            fitted = Fitted(model_from(intervals), completed(intervals), now)
+            fitted = Fitted(model_from(intervals), completed(intervals), now, bracketed(intervals))
         except Exception as exc:  # keep polling on the last model (or the static schedule)
             logger.warning("completion-time model not refreshed", extra={"profile": key, "error": type(exc).__name__})
             fitted = cached or Fitted(None, 0, now)
-            fitted = Fitted(fitted.model, fitted.observations, now)
+            fitted = Fitted(fitted.model, fitted.observations, now, fitted.bracketed)
         with self._lock:
             self._fitted[key] = fitted
         return fitted
@@ -67,5 +69,6 @@ class ModelCache:
         """What a human wants to see of one profile's model."""
         fitted = self.fitted(key)
         if fitted.model is None:
-            return {"profile": key, "model": "static schedule", "observations": fitted.observations}
+            return {"profile": key, "model": "static schedule", "observations": fitted.observations,
+                    "bracketed": fitted.bracketed}
         return {"profile": key, **summary(fitted.model, fitted.observations)}
