@@ -109,6 +109,12 @@ def setting(var: str, default: Any = REQUIRED, low: float | None = None, high: f
                  metadata={"var": var, "required": default is REQUIRED, "low": low, "high": high})
 
 
+def schedule_period(var: str) -> Any:
+    """A field for a schedule's period: ``var`` holds whole real minutes (1-60); the field is in
+    clock seconds (a compressed clock fires the real-time schedule more often in clock time)."""
+    return field(default=60.0, metadata={"period": var})
+
+
 def declared(cls: type[Any], env: Env) -> dict[str, Any]:
     """The values of ``cls``'s fields declared with :func:`setting`, read from ``env``."""
     values: dict[str, Any] = {}
@@ -288,6 +294,8 @@ class FunctionSettings:
             group = hints[f.name]
             if isinstance(group, type) and issubclass(group, Group):
                 values[f.name] = group.read(reader, common)
+            elif "period" in f.metadata:
+                values[f.name] = common.clock.from_real(60.0 * reader.integer(f.metadata["period"], 1, 1, 60))
         settings = cls(**values)
         settings.check(reader)
         reader.raise_problems(cls.what)
@@ -312,11 +320,6 @@ class SumeReaderSettings(FunctionSettings):
     safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
 
 
-def _period(env: Env, common: Common, var: str) -> float:
-    """A schedule period in whole real minutes (1-60), as clock seconds."""
-    return common.clock.from_real(60.0 * env.integer(var, 1, 1, 60))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PollSettings(SumeReaderSettings):
     what: ClassVar[str] = "poll function"
@@ -335,14 +338,9 @@ class PollSettings(SumeReaderSettings):
 class FanOutSettings(FunctionSettings):
     what: ClassVar[str] = "fan-out function"
     budget: BudgetSettings
-    #: Clock seconds between fan-out runs (the schedule fires in real time): it starts no more
-    #: chains than the read budget can serve before the next tick.
-    period: float = 60.0
+    #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
+    period: float = schedule_period("FANOUT_PERIOD_MINUTES")
     safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
-
-    @classmethod
-    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
-        return {"period": _period(env, common, "FANOUT_PERIOD_MINUTES")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,16 +363,11 @@ class SubmitSettings(SumeReaderSettings):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepFunctionSettings(SumeReaderSettings):
     what: ClassVar[str] = "sweep function"
-    #: Clock seconds between schedule ticks (they fire in real time; a sweep runs on a tick only
-    #: while it saves reads).
-    period: float = 60.0
+    #: Between schedule ticks (a sweep runs on a tick only while it saves reads).
+    period: float = schedule_period("SWEEP_PERIOD_MINUTES")
     max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
     #: How long Sume's list may lag a job's terminal status (clock seconds).
     lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
-
-    @classmethod
-    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
-        return {"period": _period(env, common, "SWEEP_PERIOD_MINUTES")}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
