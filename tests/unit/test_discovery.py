@@ -8,6 +8,7 @@ import json
 import pytest
 from fakes import FakeBudget, FakeClock, FakeCoverage, FakeLease, FakeQueue, FakeStore, FakeSume, refused
 
+from sume_poller.budget import Grant
 from sume_poller.lease import new_token
 from sume_poller.messages import RESULT_PHASE, parse_message
 from sume_poller.sume import Listing
@@ -54,6 +55,15 @@ def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_ch
     assert first.outcome == {"status": "completed", "sume_status": "completed"}
     assert parts.lease.values["job_done"] == f"{token}:4*"  # the chain's waiting step 3 is fenced out
     assert parse_message(parts.queue.sent[1].body).outcome["status"] == "failed"  # type: ignore[index]
+
+
+def test_a_sweep_reads_only_on_a_free_slot_and_reserves_none_it_would_not_use(parts: Parts) -> None:
+    parts.pending("job_done")
+    parts.sume.listing = [page(("job_done", "completed"))]
+    parts.budget.grants = [Grant(False, 40.0)]  # the line of reserved reads is 40 s long
+    report = parts.sweeper().run()
+    assert report.reads == 0 and not report.complete and report.incomplete_reason == "read budget busy"
+    assert parts.budget.patience == [0.0]  # asked only for a slot free now: a refusal reserves nothing
 
 
 def test_a_job_mid_poll_is_left_to_its_chain(parts: Parts) -> None:

@@ -10,9 +10,9 @@ both windows at once, atomic in one Lua script on one hash key:
 * a window of ``W`` seconds and limit ``L`` grants at most ``L - 1`` in any span of ``W``
   (``L`` below 20: ``L``), with a burst of ``L // 50``: Sume's own fixed windows never see more
   than ``L`` even when our grants and its windows do not line up. An ``ahead`` request (a result
-  fetch of a job Sume finished, a sweep's list read) is served one interval before the line of
-  reserved slots - first in line, never past the window (the interval it may borrow is kept
-  free: ``L - L // 50 - 2`` grants per window, one fewer below 20);
+  fetch of a job Sume finished, a sweep's list read) gets a slot one interval earlier than a plain
+  request at the same moment would - never past the window (the interval it may borrow is kept
+  free: ``L - L // 50 - 3`` grants per window, ``L - 2`` below 20);
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real

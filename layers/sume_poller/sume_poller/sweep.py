@@ -73,6 +73,10 @@ class SweepReport:
         return asdict(self)
 
 
+#: Why a sweep stopped when the shared budget had no read slot free at once.
+BUDGET_BUSY = "read budget busy"
+
+
 @dataclass(frozen=True, slots=True)
 class SweepSettings:
     period: float  # clock seconds between schedule ticks
@@ -149,13 +153,14 @@ class Sweeper:
             complete = complete and done
             if newest is not None:
                 watermarks[f"wm:{status}"] = newest
-            if self.report.incomplete_reason and self.report.incomplete_reason.startswith("route"):
+            if self.report.incomplete_reason and self.report.incomplete_reason.startswith(("route", BUDGET_BUSY)):
                 break
         self.report.complete = complete
         if complete:
             self.report.coverage = self.coverage.judge(listed, started, self.s.lag)
         useful = self.report.handed_over or any(hits for hits, _ in self.report.coverage.values())
-        idle = 0 if useful else int(state.get("idle", 0)) + 1
+        # A sweep the budget stopped proved nothing either way: it does not count as idle.
+        idle = 0 if useful else int(state.get("idle", 0)) + (self.report.incomplete_reason != BUDGET_BUSY)
         fields: dict[str, Any] = {"reads": self.report.reads, "idle": idle}
         if complete:
             healthy = started + 2 * self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS) + self.s.lag
@@ -175,8 +180,9 @@ class Sweeper:
         for page in range(self.s.max_pages):
             if self.remaining_ms() < self.s.safety_margin_ms:
                 return self._incomplete("out of time"), newest
-            if not self.budget.take(mode="ahead").now:
-                return self._incomplete("read budget paused"), newest
+            # A sweep reads only on a slot free now: it never reserves one it would not wait for.
+            if not self.budget.take(mode="ahead", max_wait=0.0).now:
+                return self._incomplete(BUDGET_BUSY), newest
             reply = self.sume.list_jobs(limit=PAGE_SIZE, cursor=cursor, status=status)
             self.report.reads += 1
             if isinstance(reply, Refused) and reply.why in ("forbidden", "not_found", "request"):
