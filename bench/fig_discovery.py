@@ -38,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 import time
 import uuid
 from collections import Counter
@@ -209,10 +210,12 @@ def _notes(chains: Result, swept: Result) -> str:
 
 
 def measure(quick: bool = False, seed: int = 7) -> list[Row]:
+    from bench.harness import layer_logs_to
     from tools.stack.inprocess import InProcessStack
 
     window = 360.0 if quick else 600.0
-    rows = []
+    with layer_logs_to(SCRATCH / "bench-discovery-virtual.log"):
+        rows = _big_rows(quick, seed)
     with InProcessStack(time_scale=SCALE, parameters=PARAMETERS, env=ENV,
                         log_path=SCRATCH / "bench-discovery.log") as stack:
         # Many pending: a warm-up long enough for sweeps to start and prove coverage of the short kinds.
@@ -233,3 +236,263 @@ def measure(quick: bool = False, seed: int = 7) -> list[Row]:
         row.notes.append(_notes(chains, swept))
         rows.append(row)
     return rows
+
+
+# -- 1,000 pending on a virtual clock (figure 8's method) -----------------------------------------------
+
+BIG = 1_000  # pending jobs (Little's law on the mix)
+BIG_TICK = 300.0  # clock seconds between fan-out/sweep ticks: the sweep interval of the 1,000-pending measure
+BIG_BUDGET = (120, 10_000)  # reads a minute, a day
+BIG_DELAY_X, BIG_READS = 2.0, 1.3  # targets: p95 detection delay <= 2 sweep intervals; reads/finished job
+
+
+class _MemoryStore:
+    """The job table in memory, with JobStore's semantics for what the poller and sweeper call."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, Any]] = {}
+        self.pending = 0
+
+    def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int) -> None:
+        self.records[job_id] = {"job_id": job_id, "kind": kind, "profile": kind, "status": "pending",
+                                "deadline_at": deadline_at, "submitted_at": int(now)}
+        self.pending += 1
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        record = self.records.get(job_id)
+        return dict(record) if record else None
+
+    def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {j: dict(self.records[j]) for j in job_ids if j in self.records}
+
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
+        from sume_poller.store import TerminalWrite
+
+        record = self.records.get(job_id)
+        if record is None or record["status"] != "pending":
+            return TerminalWrite(False, dict(record) if record else None)
+        record.update(status=outcome.status, terminal_at=now, event_pending=True, found_by=outcome.found_by,
+                      status_reads=outcome.status_reads, result_reads=outcome.result_reads,
+                      seen_running_at=outcome.seen_running_at, seen_terminal_at=outcome.seen_terminal_at,
+                      has_result=outcome.has_result)
+        self.pending -= 1
+        return TerminalWrite(True, dict(record))
+
+    def clear_outbox(self, job_id: str, *, now: float) -> bool:
+        return self.records[job_id].pop("event_pending", None) is not None
+
+    def put_observation(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+class _Bus:
+    def __init__(self) -> None:
+        self.events: Counter[str] = Counter()
+
+    def put_terminal(self, job_id: str, record: dict[str, Any]) -> None:
+        self.events[job_id] += 1
+
+
+@dataclass
+class BigResult:
+    sweeps: bool
+    arrived: int = 0
+    finished_in_window: int = 0
+    reads: int = 0
+    list_reads: int = 0
+    status_reads: int = 0
+    result_reads: int = 0
+    delays: list[float] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # at each tick
+    sweeps_ran: int = 0
+    capped: int = 0  # arrivals not submitted: 1,000 were pending
+    sweep_why_not: Counter[str] = field(default_factory=Counter)
+    handed_over: int = 0
+    found_by: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    twice: int = 0
+    polls: int = 0
+    wall: float = 0.0
+
+    @property
+    def per_job(self) -> float:
+        return self.reads / self.finished_in_window if self.finished_in_window else math.nan
+
+    def describe(self) -> str:
+        return (f"{self.per_job:.2f} reads/finished job ({self.reads} reads: {self.status_reads} status, "
+                f"{self.result_reads} result, {self.list_reads} list / {self.finished_in_window} finished), "
+                f"p95 detection delay {p95(self.delays):.0f} s")
+
+
+def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed: int) -> BigResult:
+    """Real Poller, Sweeper, Budget and leases on a real redis-server, the simulator over HTTP, a
+    virtual clock; the driver plays submit (the record and first message), SQS, and the schedule's
+    ticks (fan-out's pending count, the sweep function)."""
+    import heapq
+
+    from bench.fig_budget import START, VirtualClock
+    from bench.harness import DetachedQueue
+    from sume_poller.budget import Budget, LocalPacer
+    from sume_poller.coverage import CoverageStore, CoverageView
+    from sume_poller.gate import ReadGate
+    from sume_poller.lease import LeaseStore, new_token
+    from sume_poller.messages import PollMessage, parse_message
+    from sume_poller.poller import Deadline, Poller
+    from sume_poller.queue import Outgoing, PollQueue
+    from sume_poller.redisconn import connect
+    from sume_poller.settings import (
+        BudgetSettings,
+        Common,
+        DiscoverySettings,
+        JobSettings,
+        LeaseSettings,
+        PollSettings,
+        RedisSettings,
+        ScheduleSettings,
+        SumeSettings,
+    )
+    from sume_poller.sume import SumeClient
+    from sume_poller.sweep import Sweeper, SweepSettings
+    from tools.sume_sim import SumeSimulator
+
+    day = 86_400
+    clock = VirtualClock(START)
+    key, prefix = "sume_bench_" + uuid.uuid4().hex, f"bench:disc:{uuid.uuid4().hex[:6]}:"
+    per_minute, per_day = BIG_BUDGET
+    heap: list[tuple[float, int, str, Any]] = []
+    seq = 0
+
+    def push(at: float, what: str, payload: Any) -> None:
+        nonlocal seq
+        seq += 1
+        heapq.heappush(heap, (at, seq, what, payload))
+
+    class HeapQueue(PollQueue):  # the sweeper's sends land in the driver's SQS
+        def _send_batch(self, chunk: list[Outgoing]) -> set[str]:
+            for m in chunk:
+                push(clock.t + self.real_delay(m.delay), "msg", m.body)
+            return set()
+
+    result = BigResult(sweeps)
+    with SumeSimulator(api_key=key, hints=False, clock=clock,
+                       read_budget={"per_minute": per_minute, "per_day": per_day}) as sim:
+        sim.configure(list=LIST_CAPABLE)
+        settings = PollSettings(
+            common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",
+            result_bucket="unused", sume=SumeSettings(sim.base_url, "unused", "ssm"),
+            redis=RedisSettings(redis_url, "standalone", None, prefix),
+            lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=day), budget=BudgetSettings(*BIG_BUDGET, 0, 0),
+            jobs=JobSettings(max_age=10 * day), schedule=ScheduleSettings(learned=False),
+            discovery=DiscoverySettings(sweeps=sweeps))
+        client = connect(settings.redis)
+        lease, store, bus = LeaseStore(client, prefix), _MemoryStore(), _Bus()
+        budget = Budget(client, f"{prefix}!budget:reads", per_minute, per_day, clock.now, early=0.5)
+        coverage = CoverageStore(client, prefix)
+        sume = SumeClient(sim.base_url, lambda: key)
+        poller = Poller(settings, gate=ReadGate(lease, budget, cluster=False), budget=budget,
+                        pacer=LocalPacer(budget.rate, 1, clock.now), sume=sume, store=store,  # type: ignore[arg-type]
+                        bus=bus, queue=DetachedQueue(clock),  # type: ignore[arg-type]
+                        coverage=CoverageView(coverage, clock.now) if sweeps else None)
+        sweep_queue = HeapQueue("memory://sweep", clock, sqs=object())
+        plan = arrivals(BIG / (sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) + BIG_TICK / 2),
+                        warmup + measure, seed)
+        for at, kind, duration in plan:
+            push(START + at, "arrive", (kind, duration))
+        for n in range(1, int((warmup + measure) // BIG_TICK) + 1):
+            push(START + n * BIG_TICK, "tick", None)
+        w0, end = START + warmup, START + warmup + measure
+        push(w0, "snapshot", None)
+        ids: list[str] = []
+        snaps: list[dict[str, Any]] = []
+        started = time.monotonic()
+        while heap and heap[0][0] <= end:
+            at, _, what, payload = heapq.heappop(heap)
+            clock.t = at
+            if what == "arrive":
+                kind, duration = payload
+                if store.pending >= BIG:  # the stream keeps 1,000 pending: an arrival over that is not submitted
+                    result.capped += 1
+                    continue
+                job_id = sim.seed_job(kind, {"duration": duration, "hints": False})
+                ids.append(job_id)
+                store.put_pending(job_id, kind, now=at, deadline_at=int(at) + 10 * day)
+                token = new_token()
+                lease.start(job_id, token, day * 1000)
+                push(at, "msg", PollMessage(job_id=job_id, kind=kind, deadline_at=int(at) + 10 * day, due_at=at,
+                                            token=token, seq=0, submitted_at=int(at)).to_json())
+            elif what == "msg":
+                outcome = poller.process(parse_message(payload), Deadline(30.0))
+                result.polls += 1
+                result.outcomes[outcome.name] += 1
+                if outcome.send is not None:
+                    push(at + poller.queue.real_delay(outcome.send.delay), "msg", outcome.send.body)
+            elif what == "tick":
+                pending = store.pending
+                result.pending.append(pending)
+                budget.set_pending(pending)  # what fan-out counts and tells the limiter
+                if sweeps:
+                    report = Sweeper(SweepSettings(BIG_TICK), clock, sume=sume, store=store,  # type: ignore[arg-type]
+                                     queue=sweep_queue, lease=lease, budget=budget, coverage=coverage,
+                                     remaining_ms=lambda: 60_000, handover_ttl_real=600.0).run()
+                    result.sweeps_ran += report.ran
+                    result.handed_over += report.handed_over
+                    why = report.why_not or report.incomplete_reason or "complete"
+                    result.sweep_why_not[re.sub(r"[\d.]+", "N", why)] += 1
+            else:
+                snaps.append(sim.stats())
+        clock.t = end
+        snaps.append(sim.stats())
+        result.wall = time.monotonic() - started
+        (s0, s1) = snaps
+        for name in ("status_reads", "result_reads", "list_reads"):
+            setattr(result, name, s1[name] - s0[name])
+        result.reads = result.status_reads + result.result_reads + result.list_reads
+        result.arrived = len(ids)
+        for job_id in ids:
+            record = store.records[job_id]
+            if record["status"] != "pending":
+                result.found_by[str(record.get("found_by"))] += 1
+                if w0 <= record["terminal_at"] < end:
+                    result.finished_in_window += 1
+            done_at = _when(sim.job_info(job_id)["terminal_at"])
+            if w0 <= done_at < end:
+                recorded = record["status"] != "pending"
+                result.delays.append((record["terminal_at"] if recorded else end) - done_at)
+        result.twice = sum(1 for n in bus.events.values() if n > 1)
+        client.flushdb()
+    return result
+
+
+def _big_rows(quick: bool, seed: int) -> list[Row]:
+    from tools.services import RedisServer
+
+    warmup, window = (1_800.0, 1_800.0) if quick else (2_700.0, 3_600.0)
+    with RedisServer() as server:
+        chains, swept = (big_run(server.url, on, warmup=warmup, measure=window, seed=seed) for on in (False, True))
+    ok = not chains.twice and not swept.twice
+    base = f"chains only: {chains.describe()}"
+    delay = p95(swept.delays) / BIG_TICK
+    rows = [
+        target_row("discovery", f"p95 detection delay / sweep interval {BIG} pending", delay, "<=", BIG_DELAY_X,
+                   f"{p95(swept.delays):.0f} s / {BIG_TICK:.0f} s sweep interval, {len(swept.delays)} jobs Sume "
+                   f"finished in the window", f"{base} ({p95(chains.delays) / BIG_TICK:.2f} intervals)", ok=ok,
+                   figure=f"9 discovery p95 detection delay / sweep interval, {BIG} pending, virtual clock"),
+        target_row("discovery", f"reads/finished job with sweeps {BIG} pending", swept.per_job, "<=", BIG_READS,
+                   swept.describe(), base, ok=ok,
+                   figure=f"9 discovery reads/finished job with sweeps, {BIG} pending, virtual clock"),
+    ]
+    rows[0].notes.append(
+        f"virtual clock, {per_day_text()}; arrivals by Little's law for {BIG} pending, "
+        f"not submitted while {BIG} are pending ({chains.capped} / {swept.capped} of them): "
+        f"{swept.arrived} jobs submitted in {(warmup + window) / 60:.0f} clock min, window {window / 60:.0f} min after "
+        f"{warmup / 60:.0f}; pending at ticks (chains / sweeps) max {max(chains.pending)} / {max(swept.pending)}, "
+        f"last {chains.pending[-1]} / {swept.pending[-1]}; sweeps ran {swept.sweeps_ran} times, handed over "
+        f"{swept.handed_over}; sweep ticks: {dict(swept.sweep_why_not)}; found by {dict(swept.found_by)}; "
+        f"polls {chains.polls} / {swept.polls} ({dict(swept.outcomes)}); "
+        + ("no job recorded twice" if ok else f"JOBS RECORDED TWICE: {chains.twice} / {swept.twice}")
+        + f"; runs {chains.wall:.0f} / {swept.wall:.0f} s real")
+    return rows
+
+
+def per_day_text() -> str:
+    return f"read budget {BIG_BUDGET[1]:,}/day and {BIG_BUDGET[0]}/min"
