@@ -1,4 +1,4 @@
-"""Figure 8: the shared read budget (issue 12; target lines ``budget <name>: ...``).
+"""Figure 8: the shared read budget (target lines ``budget <name>: ...``).
 
 Two parts, each against the same runs with the limiter off.
 
@@ -21,7 +21,7 @@ day of clock time (``--quick``: 20 jobs against 2,000 a day, the same policy at 
 reads); and the baseline, the same pollers with the limiter off (they back off on each 429 until
 its ``Retry-After``), for two minutes.
 
-**The whole system** (:func:`system_run`): the issue's field report - 60 short jobs (30 clock
+**The whole system** (:func:`system_run`): the field report that motivated the limiter - 60 short jobs (30 clock
 seconds, two phases, no hints) submitted at once on the in-process stack (the template's
 handlers on moto server, a real redis-server) against a simulator that enforces 40 reads a
 minute, on a compressed clock (TimeScale 0.1: a clock minute is 6 real seconds, so SQS's

@@ -60,7 +60,7 @@ PARAMETERS = {"ReadsPerMinute": 120, "ReadsPerDay": 0, "CreatesPerMinute": 0, "C
 ENV = {"CLAIM_TTL_SECONDS": "10", "LEASE_MARGIN_SECONDS": "5", "START_LEASE_SECONDS": "10",
        "SUME_CONNECT_TIMEOUT": "0.5", "SUME_READ_TIMEOUT": "1"}
 MANY, FEW = 30, 10  # pending jobs: above and below the sweeps' cost rule (5 per list read, 4 list reads)
-FEW_TARGET = 1.05  # issue 14: where sweeps do not pay, reads per job <= 1.05 x chains only
+FEW_TARGET = 1.05  # where sweeps do not pay, reads per job <= 1.05 x chains only
 DRAIN = 2.0  # real seconds after the window for the jobs still running
 
 
