@@ -8,8 +8,7 @@
 # Comma-separated chains run side by side. In a chain, "@target" is a make target that installs
 # what the tiers after it need: a chain's first one starts at once, each later one when the one
 # before it is done, and the tiers after it start when it is done (a failed install fails them).
-# The first chain is the critical path: installs and checks of the other chains run at a lower
-# CPU priority (nice); test tiers never do (their clocks are compressed, they need the CPU).
+# The checks (lint and its install) have the most slack: they run at a lower CPU priority (nice).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -24,12 +23,12 @@ start_tier() {  # start_tier TIER [CHAIN]
   case "$tier" in
     lint|build)  cmd=(make --no-print-directory "$tier") ;;
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
-    integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 4 --dist loadfile) ;;
+    integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 4 --dist loadfile --durations=8) ;;
     e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e) ;;
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
   esac
-  if [[ ${2:-0} != 0 && $tier != e2e ]]; then cmd=(nice -n 10 "${cmd[@]}"); fi
+  if [[ $tier == lint || $tier == @setup-lint ]]; then cmd=(nice -n 10 "${cmd[@]}"); fi
   ( started=$SECONDS
     "${cmd[@]}" >"$LOGS/$tier.log" 2>&1
     code=$?

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sume_poller.store import STATS_PREFIX
 from tools.stack.inprocess import InProcessStack
 
 #: Leases short in real time, so recovery after a crash takes seconds (the template's minimum
@@ -21,6 +22,10 @@ FAST_LEASES = {"CLAIM_TTL_SECONDS": "2", "LEASE_MARGIN_SECONDS": "1", "START_LEA
 SAFE_LEASES = {**FAST_LEASES, "CLAIM_TTL_SECONDS": "20", "LEASE_MARGIN_SECONDS": "10", "START_LEASE_SECONDS": "20",
                "SUME_READ_TIMEOUT": "5"}
 NO_CREATE_BUDGET = {"CreatesPerMinute": 0, "CreatesPerDay": 0}
+#: The learned schedule's system tests: 10x fast, with no read budget, so the handlers keep up
+#: with the schedule even on a busy machine and the reads counted are the schedule's.
+SCHEDULE_SCALE = 0.1
+SCHEDULE_PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerMinute": 0, "ReadsPerDay": 0}
 #: The fault suite (test_faults_*.py): 50x fast, 12 jobs a scenario, leases that expire quickly.
 FAULT_SCALE = 0.02
 FAULT_JOBS = 12
@@ -66,6 +71,12 @@ def submit(stack: InProcessStack, n: int, sim: dict[str, Any] | Callable[[int], 
 def run(stack: InProcessStack, ids: list[str], timeout: float = 60, **drive: Any) -> None:
     """Drive the stack (schedules every real second) until every job is settled."""
     stack.drive(lambda: stack.settled(ids), timeout, fanout_every=drive.pop("fanout_every", 1.0), **drive)
+
+
+def observations(stack: InProcessStack, profile: str) -> dict[str, object]:
+    """The completion-time observations of one profile's statistics item."""
+    item = stack.table.get(STATS_PREFIX + profile) or {}
+    return {k: v for k, v in item.items() if k.startswith("o")}
 
 
 def status_reads(stack: InProcessStack, ids: list[str]) -> int:
