@@ -188,7 +188,6 @@ def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_repl
     per_job = [stats["jobs"][j] for j in jobs]
     served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
     assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
-    assert all(j["result_reads"] == 1 for j in per_job), (per_job, stats["rate_limited"], stack.metric_totals())
     assert stats["rate_limited"] < 0.01 * served, (stats["rate_limited"], served)
     assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
 
