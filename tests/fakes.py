@@ -120,10 +120,15 @@ class FakeBudget:
         self.takes = 0
         self.pending = 0
         self.patience: list[float] = []
+        self.modes: list[str] = []
+        self.counts: list[int] = []
+        self.lane: tuple[float, float] | None = None
 
-    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant:
+    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         self.takes += 1
         self.patience.append(max_wait)
+        self.modes.append(mode)
+        self.counts.append(count)
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
     def state(self) -> dict[str, float]:
@@ -134,6 +139,12 @@ class FakeBudget:
 
     def pause_key(self, seconds: float) -> None:
         self.key_paused_for = seconds
+
+    def open_lane(self, share: float, until: float) -> None:
+        self.lane = (share, until)
+
+    def lane_burst(self, share: float) -> int:
+        return 9
 
 
 class FakeGate:

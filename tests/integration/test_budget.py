@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 import redis
 
-from sume_poller.budget import Budget, LocalPacer, RateInfo
+from sume_poller.budget import Budget, LocalPacer, RateInfo, granted_per_window
 from sume_poller.gate import ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
 
@@ -83,6 +83,48 @@ def test_reads_ahead_of_the_line_never_overfill_a_window(rdb: redis.Redis, clock
     most = max(sum(1 for t in reads[i:] if t < start + 60) for i, start in enumerate(reads))
     assert most <= limit
     assert most >= limit - 4  # and the budget is used
+
+
+def most_in_a_window(times: list[float], span: float) -> int:
+    ordered = sorted(times)
+    return max(sum(1 for t in ordered[i:] if t < start + span) for i, start in enumerate(ordered))
+
+
+def test_the_sweeps_lane_reads_now_however_far_chains_reserved_and_the_window_still_holds(
+        rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    b.open_lane(0.1, clock() + 86_400)  # 12 of each minute's 120 kept for list reads
+    reads: list[float] = []
+    reserved: list[float] = []
+    lane: list[float] = []
+    sweeps = 0
+    for i in range(int(600 / 0.25)):
+        now = clock()
+        reads += [at for at in reserved if at <= now]
+        reserved = [at for at in reserved if at > now]
+        grant = b.take()  # chains reserve whatever is free, however far: the line grows for minutes
+        if grant.granted:
+            (reads if grant.now else reserved).append(now + grant.wait)
+        if i % 60 == 0 and b.take("list", max_wait=0.0, count=4).now:  # a sweep asks every 15 s for 4 reads
+            lane += [now] * 4
+            sweeps += 1
+        clock.advance(0.25)
+    assert reserved and max(reserved) - clock() > 120  # chains' line is minutes long...
+    assert sweeps >= 10 and len(lane) <= 4 * (600 // 60) + 12  # ...yet a sweep a minute reads at once
+    assert most_in_a_window(reads + lane, 60) <= 120  # and together never more than the limit
+    full = grants_per_window(reads, 60)
+    assert min(n for w, n in full.items() if w not in (min(full), max(full))) == granted_per_window(120, 0.1)
+
+
+def test_with_the_lane_closed_a_list_read_only_goes_ahead_of_the_line(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=120)
+    for _ in range(400):
+        b.take()
+    assert not b.take("list", max_wait=0.0).granted  # one interval ahead of a minutes-long line is not now
+    b.open_lane(0.1, clock() + 60)
+    assert b.take("list", max_wait=0.0, count=4).now
+    clock.advance(61)  # the lane closed again
+    assert not b.take("list", max_wait=0.0).granted
 
 
 def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:

@@ -57,13 +57,28 @@ def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_ch
     assert parse_message(parts.queue.sent[1].body).outcome["status"] == "failed"  # type: ignore[index]
 
 
-def test_a_sweep_reads_only_on_a_free_slot_and_reserves_none_it_would_not_use(parts: Parts) -> None:
+def test_a_sweep_starts_only_when_its_lane_has_its_reads_free_and_reserves_none_otherwise(parts: Parts) -> None:
     parts.pending("job_done")
     parts.sume.listing = [page(("job_done", "completed"))]
-    parts.budget.grants = [Grant(False, 40.0)]  # the line of reserved reads is 40 s long
+    parts.budget.grants = [Grant(False, 40.0)]  # the lane's next 4 reads are 40 s away
     report = parts.sweeper().run()
-    assert report.reads == 0 and not report.complete and report.incomplete_reason == "read budget busy"
-    assert parts.budget.patience == [0.0]  # asked only for a slot free now: a refusal reserves nothing
+    assert not report.ran and report.reads == 0 and (report.why_not or "").startswith("read budget busy")
+    assert parts.budget.patience == [0.0] and parts.budget.modes == ["list"]  # a refusal reserves nothing
+    assert parts.sume.calls == [] and parts.budget.lane is not None  # the lane stays open for the next tick
+
+
+def test_a_sweep_reserves_its_usual_reads_at_once_and_each_page_past_them_alone(parts: Parts) -> None:
+    parts.sume.listing = [page(cursor="a"), page(cursor="b"), page(cursor="c"), page(), page(), page(), page()]
+    report = parts.sweeper(read_share=0.2).run()
+    assert report.complete and report.reads == 7
+    assert parts.budget.modes == ["list"] * 4 and parts.budget.counts == [4, 1, 1, 1]  # 4 at the start, then one a page
+    assert parts.budget.lane == (0.2, parts.clock.now() + 2 * 86_400)
+    parts.budget.counts.clear()
+    parts.sume.listing = [page()] * 4
+    for _ in range(2):  # an idle sweep doubles the interval: the next tick skips
+        parts.clock.advance(60)
+        parts.sweeper().run()
+    assert parts.budget.counts == [7]  # this time the 7 the last sweep cost, at once
 
 
 def test_a_job_mid_poll_is_left_to_its_chain(parts: Parts) -> None:

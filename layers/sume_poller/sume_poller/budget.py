@@ -10,9 +10,15 @@ both windows at once, atomic in one Lua script on one hash key:
 * a window of ``W`` seconds and limit ``L`` grants at most ``L - 1`` in any span of ``W``
   (``L`` below 20: ``L``), with a burst of ``L // 50``: Sume's own fixed windows never see more
   than ``L`` even when our grants and its windows do not line up. An ``ahead`` request (a result
-  fetch of a job Sume finished, a sweep's list read) gets a slot one interval earlier than a plain
-  request at the same moment would - never past the window (the interval it may borrow is kept
-  free: ``L - L // 50 - 3`` grants per window, ``L - 2`` below 20);
+  fetch of a job Sume finished) gets a slot one interval earlier than a plain request at the same
+  moment would - never past the window (the interval it may borrow is kept free:
+  ``L - L // 50 - 3`` grants per window, ``L - 2`` below 20);
+* the sweeps' *lane*: while the sweep function keeps it open (:meth:`Budget.open_lane`), a share
+  ``k`` of each window (``SweepReadShare``) is kept for ``list`` reads - the line of chain and
+  result reads is spaced for ``k + 1`` fewer grants, and list reads have their own pair of TATs
+  allowing ``k`` per window with up to ``LANE_BURST + 1`` at once (a sweep's pages). However far
+  ahead chains have reserved slots, a sweep finds its reads free; when sweeps stop, the lane
+  closes by itself and chains get the whole budget back;
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
@@ -38,30 +44,60 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+#: List reads the sweeps' lane grants at once beyond the first (a sweep's pages).
+LANE_BURST = 8
+
 #: Lua library. Hash fields: tm/td (TAT, minute/day), pz (429 pause until), au (key pause
 #: until), rm/rr (server's remaining reads and when its window resets), ox (another client of
 #: the key was seen spending until then: keep a read in reserve), lm/ld (learned limits), n
-#: (pending jobs, from fan-out). All times clock ms.
-BUDGET_LUA = """
-local function window(configured, learned, span)
+#: (pending jobs, from fan-out), sa/sk (the sweeps' lane is open until, its share in per mille),
+#: sm/sd (the lane's TATs). All times clock ms.
+BUDGET_LUA = f"local LANE_BURST = {LANE_BURST}\n" + """
+
+local function limit_of(configured, learned)
   local limit = tonumber(configured)
   local l = tonumber(learned)
   if l and l > 0 and (limit == 0 or l < limit) then limit = l end
+  return limit
+end
+
+-- reads of a window kept for list reads while the sweeps' lane is open (share in per mille)
+local function lane_size(limit, share)
+  if share <= 0 or limit <= 0 then return 0 end
+  return math.max(1, math.floor(limit * share / 1000))
+end
+
+local function window(configured, learned, span, share)
+  local limit = limit_of(configured, learned)
   if limit <= 0 then return 0, 0 end
   local burst = math.floor(limit / 50)
   local spare = (limit >= 20) and 1 or 0
-  local per = math.max(1, limit - burst - 2 - spare)
+  local k = lane_size(limit, share)
+  if k > 0 then k = k + 1 end
+  local per = math.max(1, limit - burst - 2 - spare - k)
   local t = span / per
   return t, burst * t
 end
 
-local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot)
-  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox')
+-- the lane: at most lane_size grants in any span, a sweep's pages in a burst
+local function lane_window(configured, learned, span, share)
+  local limit = limit_of(configured, learned)
+  local k = lane_size(limit, share)
+  if k <= 0 then return 0, 0 end
+  local b = math.min(LANE_BURST, k - 1)
+  local t = span / math.max(1, k - b)
+  return t, b * t
+end
+
+local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count)
+  count = tonumber(count) or 1
+  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox', 'sa', 'sk', 'sm', 'sd')
   local tm, td = tonumber(s[1]) or 0, tonumber(s[2]) or 0
   local pz, au = tonumber(s[3]) or 0, tonumber(s[4]) or 0
   local rm, rr = tonumber(s[5]), tonumber(s[6]) or 0
   local pending = tonumber(s[9]) or -1
   local reserve = ((tonumber(s[10]) or 0) > now) and 1 or 0
+  local share = ((tonumber(s[11]) or 0) > now) and (tonumber(s[12]) or 0) or 0
   local paused = math.max(pz, au)
   local exhausted = rm ~= nil and rm <= reserve and now < rr
   if mode == 'confirm' then
@@ -71,22 +107,32 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot)
     end
     mode = 'take'
   end
-  local t_m, tau_m = window(cfg_m, s[7], 60000)
-  local t_d, tau_d = window(cfg_d, s[8], 86400000)
-  -- 'ahead' (a result fetch, a sweep) goes one interval before the line of reserved slots
+  if mode == 'list' and share <= 0 then mode = 'ahead' end  -- no lane open: ahead of the line
+  local lane = (mode == 'list')
+  local fm, fd = 'tm', 'td'
+  local t_m, tau_m, t_d, tau_d
+  if lane then
+    fm, fd, tm, td = 'sm', 'sd', tonumber(s[13]) or 0, tonumber(s[14]) or 0
+    t_m, tau_m = lane_window(cfg_m, s[7], 60000, share)
+    t_d, tau_d = lane_window(cfg_d, s[8], 86400000, share)
+  else
+    t_m, tau_m = window(cfg_m, s[7], 60000, share)
+    t_d, tau_d = window(cfg_d, s[8], 86400000, share)
+  end
+  -- 'ahead' (a result fetch) goes one interval before the line of reserved slots
   local ahead = (mode == 'ahead') and 1 or 0
   local at = math.max(now, paused)
-  if t_m > 0 then at = math.max(at, tm - tau_m - ahead * t_m) end
-  if t_d > 0 then at = math.max(at, td - tau_d - ahead * t_d) end
+  if t_m > 0 then at = math.max(at, tm - tau_m - ahead * t_m + (count - 1) * t_m) end
+  if t_d > 0 then at = math.max(at, td - tau_d - ahead * t_d + (count - 1) * t_d) end
   if exhausted and at < rr then at = rr end
   local wait = at - now
   if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0} end
   if max_wait >= 0 and wait > max_wait then
     return {0, wait, pending, (au > now) and 2 or 1}
   end
-  if t_m > 0 then tm = math.max(tm, at) + t_m end
-  if t_d > 0 then td = math.max(td, at) + t_d end
-  redis.call('HSET', key, 'tm', tm, 'td', td)
+  if t_m > 0 then tm = math.max(tm, at) + count * t_m end
+  if t_d > 0 then td = math.max(td, at) + count * t_d end
+  redis.call('HSET', key, fm, tm, fd, td)
   if wait <= early then
     wait = 0
     if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
@@ -122,7 +168,9 @@ if w ~= '' and remaining >= 0 then
   end
   local field = (w == 'm') and 'tm' or 'td'
   local learned = redis.call('HGET', key, (w == 'm') and 'lm' or 'ld')
-  local t, tau = window((w == 'm') and ARGV[8] or ARGV[9], learned, (w == 'm') and 60000 or 86400000)
+  local lane = redis.call('HMGET', key, 'sa', 'sk')
+  local share = ((tonumber(lane[1]) or 0) > now) and (tonumber(lane[2]) or 0) or 0
+  local t, tau = window((w == 'm') and ARGV[8] or ARGV[9], learned, (w == 'm') and 60000 or 86400000, share)
   if t > 0 then
     local tat = tonumber(redis.call('HGET', key, field)) or 0
     redis.call('HSET', key, field, math.max(tat, now + reset + tau - remaining * t))
@@ -134,13 +182,27 @@ return 1
 
 TAKE_LUA = BUDGET_LUA + """
 return budget_take(KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
-                   ARGV[5], ARGV[6], tonumber(ARGV[7]))
+                   ARGV[5], ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]))
 """
 
 
-def granted_per_window(limit: int) -> int:
-    """Grants per window in a sustained overload (the same arithmetic as the Lua ``window``)."""
-    return max(1, limit - limit // 50 - 2 - (1 if limit >= 20 else 0))
+def lane_size(limit: int, share: float) -> int:
+    """Reads of a window the sweeps' lane keeps (the Lua ``lane_size``; ``share`` a fraction)."""
+    permille = round(share * 1000)
+    return 0 if permille <= 0 or limit <= 0 else max(1, limit * permille // 1000)
+
+
+def lane_burst(limit: int, share: float) -> int:
+    """List reads the sweeps' lane grants at once (the Lua ``lane_window``'s burst, plus one)."""
+    k = lane_size(limit, share)
+    return min(LANE_BURST, k - 1) + 1 if k else 0
+
+
+def granted_per_window(limit: int, share: float = 0.0) -> int:
+    """Grants per window to chains and result reads in a sustained overload, with the sweeps'
+    lane open at ``share`` or not (the same arithmetic as the Lua ``window``)."""
+    k = lane_size(limit, share)
+    return max(1, limit - limit // 50 - 2 - (1 if limit >= 20 else 0) - (k + 1 if k else 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,19 +292,21 @@ class Budget:
         rates = [granted_per_window(n) / span for n, span in ((self.per_minute, 60), (self.per_day, 86_400)) if n > 0]
         return min(rates) if rates else math.inf
 
-    def take_args(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> list[Any]:
+    def take_args(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0,
+                  count: int = 1) -> list[Any]:
         """ARGV for the ``budget_take`` Lua function (also used inside the claim script)."""
         wait_ms = -1 if math.isinf(max_wait) else int(max_wait * 1000)
         return [int(self._now() * 1000), mode, wait_ms, int(self.early * 1000),
-                self.per_minute, self.per_day, int(slot * 1000)]
+                self.per_minute, self.per_day, int(slot * 1000), count]
 
-    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant:
+    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         """Reserve the next slot (``mode``: "take", "confirm" a slot at ``slot``, "ahead" of the
-        line for a result or a sweep, or "peek": how far the next slot is, reserving nothing).
-        One round trip."""
+        line for a result, "list" in the sweeps' lane (ahead of the line if it is closed), or
+        "peek": how far the next slot is, reserving nothing) - or ``count`` slots at once (a
+        sweep's pages). One round trip."""
         if self.unlimited:
             return Grant(True, 0.0)
-        return Grant.from_reply(self._take(keys=[self.key], args=self.take_args(mode, max_wait, slot)))
+        return Grant.from_reply(self._take(keys=[self.key], args=self.take_args(mode, max_wait, slot, count)))
 
     def feedback(self, info: RateInfo) -> None:
         """Tell the limiter what Sume's reply said (one round trip)."""
@@ -252,6 +316,16 @@ class Budget:
             int(self._now() * 1000), info.window(), -1 if info.remaining is None else info.remaining,
             ms(info.reset), ms(info.retry_after), info.learned(60) or -1, info.learned(86_400) or -1,
             self.per_minute, self.per_day])
+
+    def lane_burst(self, share: float) -> int:
+        """List reads the sweeps' lane grants at once under the configured limits."""
+        bursts = [lane_burst(n, share) for n in (self.per_minute, self.per_day) if n > 0]
+        return min(bursts) if bursts else LANE_BURST + 1
+
+    def open_lane(self, share: float, until: float) -> None:
+        """Keep ``share`` of each window for list reads (mode "list") until clock time ``until``;
+        the sweep function calls it whenever it runs. One round trip."""
+        self._r.hset(self.key, mapping={"sa": int(until * 1000), "sk": round(share * 1000)})
 
     def pause_key(self, seconds: float) -> None:
         """Sume refused the key: no read until then (rotation resumes them)."""

@@ -116,7 +116,8 @@ def _sweep_parts() -> tuple[SweepFunctionSettings, dict[str, Any]]:
 def sweeper(remaining_ms: Callable[[], int]) -> Sweeper:
     """A sweep for one invocation (its parts are built once per container)."""
     s, parts = _sweep_parts()
-    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms), s.common.clock,
+    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100),
+                   s.common.clock,
                    remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl, **parts)
 
 

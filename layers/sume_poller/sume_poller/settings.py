@@ -368,6 +368,8 @@ class SweepFunctionSettings(SumeReaderSettings):
     max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
     #: How long Sume's list may lag a job's terminal status (clock seconds).
     lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
+    #: Percent of each read-budget window kept for list reads while sweeps are on (their lane).
+    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", 10, 1, 50)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,7 +13,9 @@ are not documented, so a sweep assumes nothing it has not checked:
 * a 404/400 on the route (or garbage) marks it broken and a 403 forbidden, for an hour: sweeps
   stop and every kind returns to the normal schedule. A 403 on the list is about the list, not
   the key: chains are not paused;
-* every list read takes a slot from the shared read budget, ahead of chain reads.
+* every list read takes a slot from the shared read budget: from the sweeps' lane, a share of
+  each window kept for them (:meth:`Budget.open_lane`, opened on every tick), so however far
+  chains have reserved the budget ahead, a sweep reads now.
 
 A listed job that is pending here is handed over (:meth:`LeaseStore.hand_over`): its waiting
 chain step is fenced out and a finishing message is queued - the poll function then writes a
@@ -73,8 +75,12 @@ class SweepReport:
         return asdict(self)
 
 
-#: Why a sweep stopped when the shared budget had no read slot free at once.
+#: Why a sweep stopped when its lane of the shared budget had no read slot free at once.
 BUDGET_BUSY = "read budget busy"
+#: How long one tick keeps the sweeps' lane of the read budget open (clock seconds): the lane
+#: stays while the sweep function ticks at all, so its share is not given to chains and taken back
+#: from one tick to the next (that would let a window see both).
+LANE_OPEN = 2 * 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,7 @@ class SweepSettings:
     max_pages: int = 20
     lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)
     safety_margin_ms: int = 3_000
+    read_share: float = 0.1  # of each budget window, kept for list reads (the lane)
 
 
 class Sweeper:
@@ -101,15 +108,17 @@ class Sweeper:
         self.handover_ttl_ms = max(1, int(handover_ttl_real * 1000))
         self.report = SweepReport()
         self.tick = settings.period
+        self._prepaid = 0  # list reads reserved at once when the sweep started
 
     # -- whether to sweep ---------------------------------------------------------------------------
     def run(self) -> SweepReport:
         now = self.clock.now()
         try:
+            self.budget.open_lane(self.s.read_share, now + LANE_OPEN)
             state = self.coverage.state()
             self.tick = self._tick_interval(state, now)
             self.coverage.update(tick_at=now, tick=self.tick)
-            why_not = self._why_not(state, now)
+            why_not = self._why_not(state, now) or self._reserve(state)
             if why_not:
                 self.report.why_not = why_not
                 if "cheaper" in why_not and float(state.get("healthy_until", 0)) > now:
@@ -141,6 +150,16 @@ class Sweeper:
         idle = 0 if relied_on else min(int(state.get("idle", 0)), MAX_IDLE_DOUBLINGS)
         if now < float(state.get("last_at", 0)) + self.tick * (2**idle - 0.5):
             return f"backing off after {idle} idle sweeps"
+        return None
+
+    def _reserve(self, state: dict[str, str]) -> str | None:
+        """Reserve the reads the last sweep took (as many as the lane grants at once), so a sweep
+        starts only when it can finish: a half sweep proves nothing and wastes its reads."""
+        want = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
+        count = min(want, self.budget.lane_burst(self.s.read_share))
+        if not self.budget.take(mode="list", max_wait=0.0, count=count).now:
+            return f"{BUDGET_BUSY} ({count} list reads not free in the sweeps' lane)"
+        self._prepaid = count
         return None
 
     # -- the sweep ----------------------------------------------------------------------------------
@@ -180,8 +199,11 @@ class Sweeper:
         for page in range(self.s.max_pages):
             if self.remaining_ms() < self.s.safety_margin_ms:
                 return self._incomplete("out of time"), newest
-            # A sweep reads only on a slot free now: it never reserves one it would not wait for.
-            if not self.budget.take(mode="ahead", max_wait=0.0).now:
+            # Past what it reserved, a sweep reads only on a slot free now: it never reserves one it
+            # would not wait for.
+            if self._prepaid > 0:
+                self._prepaid -= 1
+            elif not self.budget.take(mode="list", max_wait=0.0).now:
                 return self._incomplete(BUDGET_BUSY), newest
             reply = self.sume.list_jobs(limit=PAGE_SIZE, cursor=cursor, status=status)
             self.report.reads += 1
