@@ -32,13 +32,20 @@ FAULT_JOBS = 12
 CLAIM_TTL_REAL = float(FAST_LEASES["CLAIM_TTL_SECONDS"])
 
 
+#: Under every scenario's parameters: two pending partitions, not eight - fan-out's index queries
+#: are the in-process stack's costliest calls (moto), and it runs every real second; partitioning
+#: itself is tested in test_fanout.py.
+SCENARIO_DEFAULTS = {"PendingShards": 2}
+
+
 def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str, str],
                    **options: Any) -> tuple[Any, Any]:
     """(module_stack, stack) fixtures: one stack per module, reset before each test."""
 
     @pytest.fixture(scope="module")
     def module_stack() -> Iterator[InProcessStack]:
-        with InProcessStack(time_scale=scale, parameters=dict(parameters), env=dict(env), **options) as stack:
+        with InProcessStack(time_scale=scale, parameters={**SCENARIO_DEFAULTS, **parameters}, env=dict(env),
+                            **options) as stack:
             yield stack
 
     @pytest.fixture

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from invariants import check
-from scenario import NO_CREATE_BUDGET, SAFE_LEASES, run, submit
+from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, run, submit
 
 from tools.services import RedisCluster, RedisServer
 from tools.stack.inprocess import InProcessStack
@@ -18,7 +18,7 @@ from tools.stack.inprocess import InProcessStack
 pytestmark = pytest.mark.integration
 
 SCALE = 0.02
-PARAMETERS = NO_CREATE_BUDGET
+PARAMETERS = {**SCENARIO_DEFAULTS, **NO_CREATE_BUDGET}
 ENV = SAFE_LEASES
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from invariants import check
-from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, submit
+from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, found_by, run, submit
 
 from tools.services import free_port
 from tools.stack.inprocess import InProcessStack
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + uuid.uuid4().hex
 RECEIVER_PORT = free_port()
-PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerDay": 0, "Webhooks": "true", "WebhookKinds": "video",
+PARAMETERS = {**SCENARIO_DEFAULTS, **NO_CREATE_BUDGET, "ReadsPerDay": 0, "Webhooks": "true", "WebhookKinds": "video",
               "SweepSafetySeconds": 600, "SweepCheckSeconds": 60}
 ENV = {**SAFE_LEASES, "WEBHOOK_URL": f"http://127.0.0.1:{RECEIVER_PORT}/"}
 

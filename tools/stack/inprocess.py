@@ -23,8 +23,10 @@ collected for :meth:`metric_totals` and written to the same file.
 
 from __future__ import annotations
 
+import heapq
 import importlib.util
 import io
+import math
 import os
 import re
 import sys
@@ -32,7 +34,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +60,15 @@ from tools.stack.base import (
 
 #: Suffix of the copy of a message that ``duplicate=True`` delivers in the same batch.
 DUPLICATE_SUFFIX = "-dup"
-#: How long :meth:`InProcessStack.drive` waits when the queue has nothing visible.
+#: How long :meth:`InProcessStack.drive` waits when the queue has nothing visible: this little
+#: while a message is due to become visible (a re-queue's delay, seen in the handler's report)...
 IDLE_POLL_S = 0.05
+#: ... and at most this long otherwise (a message whose visibility timeout ran out unseen). Every
+#: empty receive costs moto and the test process CPU: polling every 50 ms all the time made an
+#: idle stack burn 0.4 of a core, so on 2 cores four test workers spent most of theirs waiting.
+MAX_IDLE_S = 0.5
+#: A message expected visible but not received this long after: no longer expected.
+DUE_GRACE_S = 0.3
 
 
 def _rate_seconds(expression: str) -> float:
@@ -144,6 +153,10 @@ class InProcessStack(Stack):
         self.crashes = 0
         self.last_crash: BaseException | None = None
         self._emf = EmfTotals()
+        self._due: list[float] = []  # heap: monotonic times a message is expected to become visible
+        self._due_lock = threading.Lock()
+        self._invocations = 0  # handler invocations so far: records change only through them
+        self._settled: tuple[int, tuple[str, ...]] | None = None  # not settled as of that count
 
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, stack: ExitStack) -> None:
@@ -260,6 +273,9 @@ class InProcessStack(Stack):
 
         spec = self.specs[logical_id]
         handler = getattr(self.modules[logical_id], spec.handler.rsplit(".", 1)[1])
+        self._invocations += 1
+        if logical_id != "PollFunction":
+            self.expect_visible(0.0)  # submit, fan-out, sweeps and webhooks send poll messages
         output = _ThreadOutput(sys.stdout)
         sys.stdout = output
         try:
@@ -326,10 +342,17 @@ class InProcessStack(Stack):
             self.last_crash = crash
             if self.fast_retry:
                 self.make_visible(messages)
+                self.expect_visible(0.0)
             return Delivery(messages, None, {m["MessageId"] for m in messages}, crash)
         failed = {f["itemIdentifier"].removesuffix(DUPLICATE_SUFFIX) for f in reply.get("batchItemFailures", [])}
         if self.last_report is not None:
             self.outcomes.update(self.last_report.counts())
+            queue = self._poll_runner().queue
+            for outcome in self.last_report.outcomes:
+                if outcome.send is not None:
+                    self.expect_visible(queue.real_delay(outcome.send.delay))
+        if failed and self.fast_retry:
+            self.expect_visible(0.0)
         done = [m for m in messages if m["MessageId"] not in failed]
         for start in range(0, len(done), 10):
             sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
@@ -337,6 +360,26 @@ class InProcessStack(Stack):
         if self.fast_retry:
             self.make_visible([m for m in messages if m["MessageId"] in failed])
         return Delivery(messages, self.last_report, failed)
+
+    def send(self, body: str, delay_seconds: int = 0) -> None:
+        super().send(body, delay_seconds)
+        self.expect_visible(delay_seconds)
+
+    def expect_visible(self, real_seconds: float) -> None:
+        """A message will become visible on the poll queue in ``real_seconds``: :meth:`drive` then
+        receives at that time instead of waiting its idle maximum."""
+        with self._due_lock:
+            heapq.heappush(self._due, time.monotonic() + real_seconds)
+
+    def idle_wait(self) -> float:
+        """Real seconds to wait after an empty receive: until the next message is expected to be
+        visible (at least ``IDLE_POLL_S``), at most ``MAX_IDLE_S``."""
+        now = time.monotonic()
+        with self._due_lock:
+            while self._due and self._due[0] < now - DUE_GRACE_S:
+                heapq.heappop(self._due)
+            nearest = self._due[0] if self._due else math.inf
+        return min(MAX_IDLE_S, max(IDLE_POLL_S, nearest - now))
 
     def make_visible(self, messages: list[dict[str, Any]]) -> None:
         """What SQS does once a message's visibility timeout runs out: it may be received again."""
@@ -364,7 +407,7 @@ class InProcessStack(Stack):
                 self.run_schedules()
                 self._next_schedule = time.monotonic() + period
             if not self.pump(duplicate=duplicate):
-                time.sleep(min(IDLE_POLL_S, left))
+                time.sleep(max(0.0, min(self.idle_wait(), left, self._next_schedule - time.monotonic())))
 
         def describe() -> str:
             crash = f"; {self.crashes} crashed invocations, the last: {self.last_crash!r}" if self.crashes else ""
@@ -376,11 +419,22 @@ class InProcessStack(Stack):
     def metric_totals(self) -> Counter[str]:
         return Counter(self._emf.totals)
 
+    def settled(self, job_ids: Iterable[str]) -> bool:
+        """As :meth:`Stack.settled`, but the table is read again only after a handler ran: an idle
+        :meth:`drive` asks often, and a BatchGetItem of every id is moto's costliest call."""
+        ids = tuple(job_ids)
+        if self._settled == (self._invocations, ids):
+            return False
+        done = super().settled(ids)
+        self._settled = None if done else (self._invocations, ids)
+        return done
+
     def reset(self) -> None:
         self._reset_services()
         self.moto.reset()
         self._provision()
         self._emf.clear()
+        self._settled = None
         self.outcomes.clear()
         self.last_report = None
         self.crashes = 0
