@@ -22,22 +22,25 @@ PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerDay": 0, "SweepSafetySeconds": 600, "
               "SweepLagSeconds": 30}
 LIST_CAPABLE = {"cursor": True, "order": "newest_first", "fields": "full"}
 #: Chains read at most every 200 clock seconds here (a long schedule), so sweeps (every 50) find
-#: some jobs first and chains others: both finders occur.
+#: jobs first where the list shows them.
 module_stack, stack = stack_fixtures(0.02, PARAMETERS, {**SAFE_LEASES, "MIN_POLL_INTERVAL": "200"})
 
 
 def test_sweeps_finish_jobs_beside_chains_with_one_result_read_each(stack: InProcessStack) -> None:
-    stack.sim.configure(list=LIST_CAPABLE)
-    ids = submit(stack, 40, lambda i: {"duration": 300 + 25 * i, "steps": 2, "hints": False})
+    stack.sim.configure(list={**LIST_CAPABLE, "omit_kinds": ["video"]})  # so chains find the videos
+    images = submit(stack, 30, lambda i: {"duration": 300 + 25 * i, "steps": 2, "hints": False})
+    videos = submit(stack, 10, lambda i: {"duration": 300 + 25 * i, "steps": 2, "hints": False}, kind="video")
+    ids = images + videos
     run(stack, ids, timeout=90)
     check(stack, ids, scenario="sweeps beside chains (list with cursor, newest first)", expected="completed",
           allowance=40)
     by = found_by(stack, ids)
-    assert by["sweep"] > 0 and by["chain"] > 0, (by, stack.metric_totals())
+    assert by["sweep"] > 0 and found_by(stack, videos) == {"chain": len(videos)}, (by, stack.metric_totals())
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] == 1 for j in ids)  # one result read per job, whoever found it
     totals = stack.metric_totals()
-    assert totals["SweepHandedOver"] == by["sweep"] and totals["SweepMiss"] == 0
+    # only jobs of the kind the list omits can be misses (those chains found, a later sweep did not list)
+    assert totals["SweepHandedOver"] == by["sweep"] and totals["SweepMiss"] <= len(videos)
 
 
 def test_a_list_route_that_answers_404_sends_every_chain_back_to_the_normal_schedule(stack: InProcessStack) -> None:
