@@ -293,6 +293,21 @@ class _Bus:
         self.events[job_id] += 1
 
 
+@dataclass(frozen=True)
+class Arm:
+    """One virtual-clock run: how many jobs pending, what finds them, the budget, the list route."""
+
+    pending: int
+    sweeps: bool
+    tick: float = 60.0  # clock seconds between fan-out/sweep ticks (the sweep interval)
+    budget: tuple[int, int] = (120, 0)  # reads a minute, a day
+    list_config: tuple[tuple[str, Any], ...] = tuple(LIST_CAPABLE.items())
+    webhook_loss: float | None = None  # webhooks on for every kind, this share of deliveries lost
+    read_share: float = 0.1  # the sweeps' lane
+    duration_x: float = 1.0  # every duration of the mix times this
+    label: str = ""
+
+
 @dataclass
 class BigResult:
     sweeps: bool
@@ -305,12 +320,14 @@ class BigResult:
     delays: list[float] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)  # at each tick
     sweeps_ran: int = 0
-    capped: int = 0  # arrivals not submitted: 1,000 were pending
+    capped: int = 0  # arrivals not submitted: the wanted number was pending
     sweep_why_not: Counter[str] = field(default_factory=Counter)
     handed_over: int = 0
     found_by: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
+    hooks: Counter[str] = field(default_factory=Counter)  # webhook answers
     twice: int = 0
+    never_recorded: int = 0  # jobs Sume finished that are still pending here after the drain
     polls: int = 0
     wall: float = 0.0
 
@@ -324,10 +341,13 @@ class BigResult:
                 f"p95 detection delay {p95(self.delays):.0f} s")
 
 
-def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed: int) -> BigResult:
-    """Real Poller, Sweeper, Budget and leases on a real redis-server, the simulator over HTTP, a
-    virtual clock; the driver plays submit (the record and first message), SQS, and the schedule's
-    ticks (fan-out's pending count, the sweep function)."""
+def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: int,
+            drain: float = 7_200.0) -> BigResult:
+    """Real Poller, Sweeper, WebhookReceiver, Budget and leases on a real redis-server, the
+    simulator over HTTP, a virtual clock; the driver plays submit (the record and first message),
+    SQS, the schedule's ticks (fan-out's pending count, the sweep function) and Sume's webhook
+    sender. After the window, arrivals stop and the run goes on (up to ``drain`` clock seconds)
+    until every job is recorded: a job still pending then counts as never recorded."""
     import heapq
 
     from bench.fig_budget import START, VirtualClock
@@ -353,12 +373,13 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
     )
     from sume_poller.sume import SumeClient
     from sume_poller.sweep import Sweeper, SweepSettings
+    from sume_poller.webhook import WebhookReceiver
     from tools.sume_sim import SumeSimulator
 
     day = 86_400
     clock = VirtualClock(START)
     key, prefix = "sume_bench_" + uuid.uuid4().hex, f"bench:disc:{uuid.uuid4().hex[:6]}:"
-    per_minute, per_day = BIG_BUDGET
+    per_minute, per_day = arm.budget
     heap: list[tuple[float, int, str, Any]] = []
     seq = 0
 
@@ -367,23 +388,28 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
         seq += 1
         heapq.heappush(heap, (at, seq, what, payload))
 
-    class HeapQueue(PollQueue):  # the sweeper's sends land in the driver's SQS
+    class HeapQueue(PollQueue):  # the sweeper's and the receiver's sends land in the driver's SQS
         def _send_batch(self, chunk: list[Outgoing]) -> set[str]:
             for m in chunk:
                 push(clock.t + self.real_delay(m.delay), "msg", m.body)
             return set()
 
-    result = BigResult(sweeps)
-    with SumeSimulator(api_key=key, hints=False, clock=clock,
-                       read_budget={"per_minute": per_minute, "per_day": per_day}) as sim:
-        sim.configure(list=LIST_CAPABLE)
+    hooks = arm.webhook_loss is not None
+    secret = "whsec_bench_" + uuid.uuid4().hex
+    result = BigResult(arm.sweeps)
+    with SumeSimulator(api_key=key, hints=False, clock=clock, deliver_webhooks=False,
+                       read_budget={"per_minute": per_minute or None, "per_day": per_day or None},
+                       webhooks={"kinds": list(KINDS), "secret": secret, "loss": arm.webhook_loss or 0.0}
+                       if hooks else None) as sim:
+        sim.configure(list=dict(arm.list_config))
         settings = PollSettings(
             common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",
             result_bucket="unused", sume=SumeSettings(sim.base_url, "unused", "ssm"),
             redis=RedisSettings(redis_url, "standalone", None, prefix),
-            lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=day), budget=BudgetSettings(*BIG_BUDGET, 0, 0),
+            lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=day),
+            budget=BudgetSettings(per_minute, per_day, 0, 0),
             jobs=JobSettings(max_age=10 * day), schedule=ScheduleSettings(learned=False),
-            discovery=DiscoverySettings(sweeps=sweeps))
+            discovery=DiscoverySettings(sweeps=arm.sweeps, webhook_kinds=frozenset(KINDS) if hooks else frozenset()))
         client = connect(settings.redis)
         lease, store, bus = LeaseStore(client, prefix), _MemoryStore(), _Bus()
         budget = Budget(client, f"{prefix}!budget:reads", per_minute, per_day, clock.now, early=0.5)
@@ -392,28 +418,44 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
         poller = Poller(settings, gate=ReadGate(lease, budget, cluster=False), budget=budget,
                         pacer=LocalPacer(budget.rate, 1, clock.now), sume=sume, store=store,  # type: ignore[arg-type]
                         bus=bus, queue=DetachedQueue(clock),  # type: ignore[arg-type]
-                        coverage=CoverageView(coverage, clock.now) if sweeps else None)
-        sweep_queue = HeapQueue("memory://sweep", clock, sqs=object())
-        plan = arrivals(BIG / (sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) + BIG_TICK / 2),
-                        warmup + measure, seed)
+                        coverage=CoverageView(coverage, clock.now) if arm.sweeps or hooks else None)
+        side_queue = HeapQueue("memory://side", clock, sqs=object())
+        receiver = WebhookReceiver(clock, secret=lambda: secret, tolerance=300.0, store=store,  # type: ignore[arg-type]
+                                   lease=lease, queue=side_queue, handover_ttl_real=600.0, coverage=coverage)
+        mean = sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) * arm.duration_x
+        plan = arrivals(arm.pending / (mean + arm.tick / 2), warmup + measure, seed)
         for at, kind, duration in plan:
-            push(START + at, "arrive", (kind, duration))
-        for n in range(1, int((warmup + measure) // BIG_TICK) + 1):
-            push(START + n * BIG_TICK, "tick", None)
+            push(START + at, "arrive", (kind, duration * arm.duration_x))
         w0, end = START + warmup, START + warmup + measure
+        for n in range(1, int((warmup + measure + drain) // arm.tick) + 1):
+            push(START + n * arm.tick, "tick", None)
         push(w0, "snapshot", None)
+        push(end, "snapshot", None)
         ids: list[str] = []
         snaps: list[dict[str, Any]] = []
         started = time.monotonic()
-        while heap and heap[0][0] <= end:
+
+        def deliver_webhooks(until: float) -> None:
+            while (due := sim.model.next_webhook_due()) is not None and due <= until:
+                clock.t = max(clock.t, due)
+                for delivery in sim.model.take_due_webhooks():
+                    answers = [receiver.handle(delivery.headers, delivery.plan.body).status
+                               for _ in range(delivery.copies)]
+                    result.hooks.update(str(a) for a in answers)
+                    sim.model.record_delivery(delivery, answers)  # type: ignore[arg-type]
+
+        while heap and heap[0][0] <= end + drain:
+            if hooks:
+                deliver_webhooks(heap[0][0])
             at, _, what, payload = heapq.heappop(heap)
-            clock.t = at
+            clock.t = max(clock.t, at)
             if what == "arrive":
                 kind, duration = payload
-                if store.pending >= BIG:  # the stream keeps 1,000 pending: an arrival over that is not submitted
+                if store.pending >= arm.pending:  # the stream keeps the wanted number pending
                     result.capped += 1
                     continue
-                job_id = sim.seed_job(kind, {"duration": duration, "hints": False})
+                job_id = sim.seed_job(kind, {"duration": duration, "hints": False},
+                                      webhook_url="https://hooks.invalid/sume" if hooks else None)
                 ids.append(job_id)
                 store.put_pending(job_id, kind, now=at, deadline_at=int(at) + 10 * day)
                 token = new_token()
@@ -425,14 +467,17 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
                 result.polls += 1
                 result.outcomes[outcome.name] += 1
                 if outcome.send is not None:
-                    push(at + poller.queue.real_delay(outcome.send.delay), "msg", outcome.send.body)
+                    push(clock.t + poller.queue.real_delay(outcome.send.delay), "msg", outcome.send.body)
             elif what == "tick":
+                if clock.t > end and store.pending == 0:
+                    break  # drained
                 pending = store.pending
                 result.pending.append(pending)
                 budget.set_pending(pending)  # what fan-out counts and tells the limiter
-                if sweeps:
-                    report = Sweeper(SweepSettings(BIG_TICK), clock, sume=sume, store=store,  # type: ignore[arg-type]
-                                     queue=sweep_queue, lease=lease, budget=budget, coverage=coverage,
+                if arm.sweeps:
+                    report = Sweeper(SweepSettings(arm.tick, read_share=arm.read_share), clock, sume=sume,
+                                     store=store, queue=side_queue, lease=lease,  # type: ignore[arg-type]
+                                     budget=budget, coverage=coverage,
                                      remaining_ms=lambda: 60_000, handover_ttl_real=600.0).run()
                     result.sweeps_ran += report.ran
                     result.handed_over += report.handed_over
@@ -440,8 +485,6 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
                     result.sweep_why_not[re.sub(r"[\d.]+", "N", why)] += 1
             else:
                 snaps.append(sim.stats())
-        clock.t = end
-        snaps.append(sim.stats())
         result.wall = time.monotonic() - started
         (s0, s1) = snaps
         for name in ("status_reads", "result_reads", "list_reads"):
@@ -450,26 +493,50 @@ def big_run(redis_url: str, sweeps: bool, *, warmup: float, measure: float, seed
         result.arrived = len(ids)
         for job_id in ids:
             record = store.records[job_id]
-            if record["status"] != "pending":
+            recorded = record["status"] != "pending"
+            if recorded:
                 result.found_by[str(record.get("found_by"))] += 1
                 if w0 <= record["terminal_at"] < end:
                     result.finished_in_window += 1
+            else:
+                result.never_recorded += 1
             done_at = _when(sim.job_info(job_id)["terminal_at"])
             if w0 <= done_at < end:
-                recorded = record["status"] != "pending"
-                result.delays.append((record["terminal_at"] if recorded else end) - done_at)
+                result.delays.append((record["terminal_at"] if recorded else clock.t) - done_at)
         result.twice = sum(1 for n in bus.events.values() if n > 1)
         client.flushdb()
     return result
 
 
+def _virtual(redis_url: str, arm: Arm, quick: bool, seed: int, *, long: bool = False) -> BigResult:
+    warmup, window = ((1_800.0, 1_800.0) if quick else (2_700.0, 3_600.0)) if long else \
+        ((1_200.0, 1_800.0) if quick else (1_800.0, 3_600.0))
+    return big_run(redis_url, arm, warmup=warmup, measure=window, seed=seed)
+
+
+def _once(*results: BigResult) -> tuple[bool, str]:
+    """Every job recorded exactly once, in every arm? (ok, what to say)."""
+    twice = sum(r.twice for r in results)
+    lost = sum(r.never_recorded for r in results)
+    if not twice and not lost:
+        return True, "every job recorded once"
+    return False, f"JOBS RECORDED TWICE: {twice}; NEVER RECORDED: {lost}"
+
+
 def _big_rows(quick: bool, seed: int) -> list[Row]:
     from tools.services import RedisServer
 
-    warmup, window = (1_800.0, 1_800.0) if quick else (2_700.0, 3_600.0)
     with RedisServer() as server:
-        chains, swept = (big_run(server.url, on, warmup=warmup, measure=window, seed=seed) for on in (False, True))
-    ok = not chains.twice and not swept.twice
+        rows = _thousand_rows(server.url, quick, seed)
+        rows += _miss_rows(server.url, quick, seed)
+        rows += _webhook_rows(server.url, quick, seed)
+    return rows
+
+
+def _thousand_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
+    chains, swept = (_virtual(redis_url, Arm(BIG, on, tick=BIG_TICK, budget=BIG_BUDGET), quick, seed, long=True)
+                     for on in (False, True))
+    ok, once = _once(chains, swept)
     base = f"chains only: {chains.describe()}"
     delay = p95(swept.delays) / BIG_TICK
     rows = [
@@ -481,17 +548,59 @@ def _big_rows(quick: bool, seed: int) -> list[Row]:
                    swept.describe(), base, ok=ok,
                    figure=f"9 discovery reads/finished job with sweeps, {BIG} pending, virtual clock"),
     ]
+    mean = sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) + BIG_TICK / 2
+    need = BIG / mean * 60
     rows[0].notes.append(
-        f"virtual clock, {per_day_text()}; arrivals by Little's law for {BIG} pending, "
-        f"not submitted while {BIG} are pending ({chains.capped} / {swept.capped} of them): "
-        f"{swept.arrived} jobs submitted in {(warmup + window) / 60:.0f} clock min, window {window / 60:.0f} min after "
-        f"{warmup / 60:.0f}; pending at ticks (chains / sweeps) max {max(chains.pending)} / {max(swept.pending)}, "
-        f"last {chains.pending[-1]} / {swept.pending[-1]}; sweeps ran {swept.sweeps_ran} times, handed over "
-        f"{swept.handed_over}; sweep ticks: {dict(swept.sweep_why_not)}; found by {dict(swept.found_by)}; "
-        f"polls {chains.polls} / {swept.polls} ({dict(swept.outcomes)}); "
-        + ("no job recorded twice" if ok else f"JOBS RECORDED TWICE: {chains.twice} / {swept.twice}")
-        + f"; runs {chains.wall:.0f} / {swept.wall:.0f} s real")
+        f"virtual clock, {per_day_text()}: keeping {BIG} jobs of this mix pending takes {need:.0f} completions "
+        f"a minute, each needing its result read, against {BIG_BUDGET[1] / 1440:.1f} reads a minute the day "
+        f"allows - {need / (BIG_BUDGET[1] / 1440):.0f}x over, so no reading policy meets these targets here; "
+        f"arrivals not submitted while {BIG} are pending ({chains.capped} / {swept.capped}); "
+        f"{swept.arrived} jobs submitted; pending at ticks (chains / sweeps) max {max(chains.pending)} / "
+        f"{max(swept.pending)}; sweeps ran {swept.sweeps_ran} times, handed over {swept.handed_over}; sweep "
+        f"ticks: {dict(swept.sweep_why_not)}; found by {dict(swept.found_by)}; {once}; runs {chains.wall:.0f} / "
+        f"{swept.wall:.0f} s real")
     return rows
+
+
+MISS_PENDING = 60  # pending jobs: sweeps pay (5+ per list read) and 120 reads a minute keep up
+MISS_X = 1.5  # each list-miss mode: p95 detection delay <= 1.5x chains only
+MISS_MODES: dict[str, dict[str, Any]] = {
+    "omits a kind": {"omit_kinds": ["video"]},
+    "newest N only": {"newest_n": 3},
+    "lags 3 min": {"lag": 180.0},
+    "route missing": {"route": "missing"},
+}
+HOOK_LOSS, HOOK_READS = 0.3, 1.3  # webhooks, 30 % of deliveries lost: reads per finished job
+
+
+def _miss_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
+    chains = _virtual(redis_url, Arm(MISS_PENDING, False), quick, seed)
+    rows = []
+    for name, mode in MISS_MODES.items():
+        arm = Arm(MISS_PENDING, True, list_config=tuple({**LIST_CAPABLE, **mode}.items()), label=name)
+        swept = _virtual(redis_url, arm, quick, seed)
+        ok, once = _once(chains, swept)
+        row = target_row("discovery", f"miss {name}: p95 delay / chains only", p95(swept.delays) / p95(chains.delays),
+                         "<=", MISS_X, f"{swept.describe()}; found by {dict(swept.found_by)}",
+                         f"chains only: {chains.describe()}", ok=ok,
+                         figure=f"9 discovery, list {name}: p95 detection delay with sweeps / chains only")
+        row.notes.append(f"{MISS_PENDING} pending, sweeps every {Arm.tick:.0f} clock s, list {mode}; sweep ticks: "
+                         f"{dict(swept.sweep_why_not)}; {once}; runs {chains.wall:.0f} / {swept.wall:.0f} s real")
+        rows.append(row)
+    return rows
+
+
+def _webhook_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
+    hooked = _virtual(redis_url, Arm(MISS_PENDING, False, webhook_loss=HOOK_LOSS), quick, seed)
+    chains = _virtual(redis_url, Arm(MISS_PENDING, False), quick, seed)
+    ok, once = _once(hooked)
+    row = target_row("discovery", f"webhooks {HOOK_LOSS:.0%} lost: reads/finished job", hooked.per_job, "<=",
+                     HOOK_READS, f"{hooked.describe()}; found by {dict(hooked.found_by)}",
+                     f"chains only: {chains.describe()}", ok=ok,
+                     figure=f"9 discovery, webhooks with {HOOK_LOSS:.0%} of deliveries lost: reads per finished job")
+    row.notes.append(f"{MISS_PENDING} pending, every kind with webhooks, no sweeps; webhook answers "
+                     f"{dict(hooked.hooks)}; {once}; run {hooked.wall:.0f} s real")
+    return [row]
 
 
 def per_day_text() -> str:

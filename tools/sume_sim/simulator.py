@@ -26,7 +26,8 @@ class SumeSimulator:
 
     ``rate_limit_per_minute`` is an alias of ``read_budget["per_minute"]`` (and wins over it);
     ``list_config`` is the ``list`` config field. ``clock`` replaces the default
-    ``Clock(time_scale)``, for tests that drive time themselves.
+    ``Clock(time_scale)``, for tests that drive time themselves; with ``deliver_webhooks=False``
+    they also deliver due webhooks themselves (``model.take_due_webhooks``).
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class SumeSimulator:
         list_config: dict[str, Any] | None = None,
         webhooks: dict[str, Any] | None = None,
         clock: Clock | None = None,
+        deliver_webhooks: bool = True,
     ) -> None:
         self.clock = clock or Clock(time_scale)
         changes: dict[str, Any] = {
@@ -66,6 +68,7 @@ class SumeSimulator:
         self.model = Model(self.clock, updated(Config(), changes, initial=True), max_jobs=max_jobs)
         self.host = host
         self.log_requests = log_requests
+        self.deliver_webhooks = deliver_webhooks
         self._server: SimServer | None = None
         self._worker: WebhookWorker | None = None
 
@@ -76,7 +79,8 @@ class SumeSimulator:
         if self._server is not None:
             raise RuntimeError("simulator already started")
         self._server = SimServer(self.model, self.host, self.log_requests).start(port)
-        self._worker = WebhookWorker(self.model).start()
+        if self.deliver_webhooks:
+            self._worker = WebhookWorker(self.model).start()
         return self
 
     def stop(self) -> None:
