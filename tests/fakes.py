@@ -61,10 +61,11 @@ class FakeLease:
             return Claim.OWN
         return Claim.HELD
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
+    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False) -> bool:
         self._check()
-        if self.values.get(job_id) in (step.claimed, step.next_resting):
-            self.values[job_id] = step.next_resting
+        resting = step.next_resting + ("*" if finishing else "")
+        if self.values.get(job_id) in (step.claimed, resting):
+            self.values[job_id] = resting
             return True
         return False
 

@@ -44,6 +44,11 @@ def grants_per_window(times: list[float], window: float) -> Counter[int]:
     return Counter(int(t // window) for t in times)
 
 
+def most_in_a_window(times: list[float], span: float) -> int:
+    ordered = sorted(times)
+    return max(sum(1 for t in ordered[i:] if t < start + span) for i, start in enumerate(ordered))
+
+
 def drive(b: Budget, clock: VirtualClock, seconds: float, step: float = 0.05) -> list[float]:
     """Demand far above the budget: a reader asks every ``step`` seconds and reads when granted now."""
     reads: list[float] = []
@@ -66,28 +71,46 @@ def test_sustained_demand_fills_a_minute_window_but_never_overfills_it(rdb: redi
 
 @pytest.mark.parametrize("limit", [8, 20, 120])
 def test_reads_ahead_of_the_line_never_overfill_a_window(rdb: redis.Redis, clock: VirtualClock, limit: int) -> None:
-    """Result fetches and sweeps go ahead of reserved slots, mixed with reservations that are all
-    used at their time: still never more than the limit in a window (every window alignment)."""
+    """Result fetches go ahead of reserved status reads (taking their place), mixed with
+    reservations each confirmed at its time, as the poller does: still never more than the limit
+    in a window (every window alignment), and the budget is used."""
     b = budget(rdb, clock, per_minute=limit)
     reads: list[float] = []
-    reserved: list[float] = []
+    reserved: list[tuple[float, str]] = []  # (slot, "confirm" a status read's or "rconfirm" a result read's)
     for i in range(int(600 / 0.25)):
         now = clock()
-        reads += [at for at in reserved if at <= now]
-        reserved = [at for at in reserved if at > now]
-        grant = b.take("ahead" if i % 3 == 0 else "take")
+        for slot, mode in [r for r in reserved if r[0] <= now]:
+            reserved.remove((slot, mode))
+            grant = b.take(mode, slot=slot)
+            if grant.now:
+                reads.append(now)
+            else:  # its place was taken: the back of the line
+                reserved.append((now + grant.wait, mode))
+        mode = "ahead" if i % 3 == 0 else "take"
+        grant = b.take(mode)
         if grant.granted:
-            (reads if grant.now else reserved).append(now + grant.wait)
+            if grant.now:
+                reads.append(now)
+            else:
+                reserved.append((now + grant.wait, "rconfirm" if mode == "ahead" else "confirm"))
         clock.advance(0.25)
-    reads.sort()
-    most = max(sum(1 for t in reads[i:] if t < start + 60) for i, start in enumerate(reads))
-    assert most <= limit
-    assert most >= limit - 4  # and the budget is used
+    assert most_in_a_window(reads, 60) <= limit
+    assert most_in_a_window(reads, 60) >= limit - 4  # and the budget is used
 
 
-def most_in_a_window(times: list[float], span: float) -> int:
-    ordered = sorted(times)
-    return max(sum(1 for t in ordered[i:] if t < start + span) for i, start in enumerate(ordered))
+def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: redis.Redis, clock: VirtualClock) -> None:
+    b = budget(rdb, clock, per_minute=61)  # 57 a minute: a slot every 60/57 s
+    slots = [clock() + b.take().wait for _ in range(120)]  # status reads reserved two minutes ahead
+    result = b.take("ahead")
+    assert result.granted and result.wait == pytest.approx(60 / 57, abs=0.01)  # not at the end of the line
+    clock.advance(result.wait)
+    assert b.take("rconfirm", slot=clock()).now  # its own slot is its own
+    first = [s for s in slots if s <= clock()][-1]
+    bumped = b.take("confirm", slot=first)
+    assert bumped.granted and bumped.wait > 100  # the status read it replaced goes to the back
+    later = next(s for s in slots if s > clock())
+    clock.advance(later - clock())
+    assert b.take("confirm", slot=later).now  # the next one keeps its slot
 
 
 def test_the_sweeps_lane_reads_now_however_far_chains_reserved_and_the_window_still_holds(
@@ -120,7 +143,7 @@ def test_with_the_lane_closed_a_list_read_only_goes_ahead_of_the_line(rdb: redis
     b = budget(rdb, clock, per_minute=120)
     for _ in range(400):
         b.take()
-    assert not b.take("list", max_wait=0.0).granted  # one interval ahead of a minutes-long line is not now
+    assert not b.take("list", max_wait=0.0).granted  # ahead of a minutes-long line, but not now
     b.open_lane(0.1, clock() + 60)
     assert b.take("list", max_wait=0.0, count=4).now
     clock.advance(61)  # the lane closed again

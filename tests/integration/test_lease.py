@@ -138,3 +138,16 @@ def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore
     assert lease.hand_over("job_h", new_token(), TTL) is None  # handed over already: keeps its place
     fresh = new_token()
     assert lease.hand_over("job_free", fresh, TTL) == (fresh, 0)
+
+
+def test_a_chain_waiting_to_fetch_a_result_rests_as_finishing_and_is_not_handed_over(lease: LeaseStore,
+                                                                                    rdb: redis.Redis) -> None:
+    token = new_token()
+    rdb.set("t:lease:job_r", f"{token}:2", px=TTL)
+    step = Step(token, 2, new_nonce())
+    assert lease.claim("job_r", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert lease.rest("job_r", step, TTL, finishing=True)  # it saw the job finished: the result next
+    assert rdb.get("t:lease:job_r") == f"{token}:3*"
+    assert lease.hand_over("job_r", new_token(), TTL) is None  # a sweep leaves it its reserved slot
+    nxt = Step(token, 3, new_nonce())
+    assert lease.claim("job_r", nxt, Step(new_token(), 0, nxt.nonce), TTL) is Claim.OWN

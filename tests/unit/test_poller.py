@@ -310,18 +310,38 @@ def test_chains_stretch_only_where_sweeps_proved_coverage_and_come_back_when_it_
     now = rig.clock.now()
     covered = Coverage(healthy_until=now + 3_600, covered=frozenset({"image"}), route="ok")
     rig.poller.coverage = FixedCoverage(covered)  # type: ignore[assignment]
-    rig.sume.status["job_a"] = [status("running")]
-    out = rig.run(rig.submit("job_a"))
+    rig.sume.status["job_a"] = [status("running"), status("running")]
+    safety, check = rig.poller.s.discovery.safety, rig.poller.s.discovery.check
+    first = rig.run(rig.submit("job_a"))  # covered from the start: even the first read waits
+    hop = rig.next_of(first)
+    assert first.name == "hopped" and first.status_reads == 0 and hop.due_at >= now + safety
+    assert hop.normal_due is not None and hop.normal_due < now + 60
+    assert first.send is not None and first.send.delay <= check  # it hops to check the cover holds
+    rig.clock.t = hop.due_at
+    out = rig.run(hop)
     nxt = rig.next_of(out)
-    assert out.name == "stretched" and nxt.due_at >= now + rig.poller.s.discovery.safety
-    assert nxt.normal_due is not None and nxt.normal_due < now + 60
-    assert out.send is not None and out.send.delay <= rig.poller.s.discovery.check  # it hops to check
+    assert out.name == "stretched" and out.status_reads == 1 and nxt.due_at >= rig.clock.t + safety
+    assert nxt.normal_due is not None and nxt.normal_due < rig.clock.t + 60
+    assert out.send is not None and out.send.delay <= check
     rig.poller.coverage = FixedCoverage(Coverage())  # sweeps stopped proving anything
     rig.clock.t = nxt.normal_due + 1
     assert rig.run(nxt).name == "requeued"  # read at its normal time, no longer stretched
     rig.poller.coverage = FixedCoverage(covered)
     rig.sume.status["job_v"] = [status("running")]
     assert rig.run(rig.submit("job_v", "video")).name == "requeued"  # video was never proven
+    rig.poller.coverage = FixedCoverage(Coverage())
+    rig.sume.status["job_b"] = [status("running")]
+    lapsed = rig.run(rig.submit("job_b"))  # not covered: the first read at its normal time
+    assert lapsed.name == "requeued" and lapsed.status_reads == 1
+
+
+def test_a_webhook_hand_over_reads_now_even_where_chains_are_stretched(rig: Rig) -> None:
+    rig.poller.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
+                                                 covered=frozenset({"image"}), route="ok"))
+    rig.sume.status["job_w"] = [status("running")]
+    handed = rig.submit("job_w").next(found_by="webhook", due_at=rig.clock.now())
+    out = rig.run(handed)
+    assert out.status_reads == 1 and out.name == "stretched"  # read at once, then back to the safety cadence
 
 
 def test_a_canary_stays_on_the_normal_schedule_to_keep_measuring_coverage(rig: Rig) -> None:

@@ -19,6 +19,10 @@ both windows at once, atomic in one Lua script on one hash key:
   allowing ``k`` per window with up to ``LANE_BURST + 1`` at once (a sweep's pages). However far
   ahead chains have reserved slots, a sweep finds its reads free; when sweeps stop, the lane
   closes by itself and chains get the whole budget back;
+* a result read of a job Sume finished outranks status reads: while status reads are reserved
+  further ahead than one interval, it takes the place of the next reserved one (at most one per
+  interval; that status read's ``confirm`` then sends it to the back of the line), so a budget
+  saturated by status reads still serves known-finished jobs first;
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
@@ -51,7 +55,8 @@ LANE_BURST = 8
 #: until), rm/rr (server's remaining reads and when its window resets), ox (another client of
 #: the key was seen spending until then: keep a read in reserve), lm/ld (learned limits), n
 #: (pending jobs, from fan-out), sa/sk (the sweeps' lane is open until, its share in per mille),
-#: sm/sd (the lane's TATs). All times clock ms.
+#: sm/sd (the lane's TATs), db (reserved status reads whose place a result read took), ha (the
+#: next such result read's slot). All times clock ms.
 BUDGET_LUA = f"local LANE_BURST = {LANE_BURST}\n" + """
 
 local function limit_of(configured, learned)
@@ -91,7 +96,8 @@ end
 
 local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count)
   count = tonumber(count) or 1
-  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox', 'sa', 'sk', 'sm', 'sd')
+  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox', 'sa', 'sk', 'sm', 'sd',
+                      'db', 'ha')
   local tm, td = tonumber(s[1]) or 0, tonumber(s[2]) or 0
   local pz, au = tonumber(s[3]) or 0, tonumber(s[4]) or 0
   local rm, rr = tonumber(s[5]), tonumber(s[6]) or 0
@@ -100,10 +106,17 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
   local share = ((tonumber(s[11]) or 0) > now) and (tonumber(s[12]) or 0) or 0
   local paused = math.max(pz, au)
   local exhausted = rm ~= nil and rm <= reserve and now < rr
-  if mode == 'confirm' then
+  local owed = tonumber(s[15]) or 0
+  if mode == 'confirm' or mode == 'rconfirm' then
     if now >= paused and not exhausted and slot <= now + early then
-      if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-      return {1, 0, pending, 0}
+      if mode == 'confirm' and owed > 0 then
+        -- a result read took the place of a reserved status read: this one goes to the back
+        owed = owed - 1
+        redis.call('HSET', key, 'db', owed)
+      else
+        if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
+        return {1, 0, pending, 0}
+      end
     end
     mode = 'take'
   end
@@ -119,7 +132,33 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
     t_m, tau_m = window(cfg_m, s[7], 60000, share)
     t_d, tau_d = window(cfg_d, s[8], 86400000, share)
   end
-  -- 'ahead' (a result fetch) goes one interval before the line of reserved slots
+  if mode == 'ahead' then
+    -- A result read of a job Sume finished outranks every status read: while status reads are
+    -- reserved further than an interval ahead, it takes the place of the next one (that read's
+    -- confirm goes to the back of the line), result reads spaced like the line they replace.
+    local sat_m = t_m > 0 and tm - tau_m - t_m > now
+    local sat_d = t_d > 0 and td - tau_d - t_d > now
+    if sat_m or sat_d then
+      local t = math.max(sat_m and t_m or 0, sat_d and t_d or 0)
+      local line = math.max(sat_m and (tm - now) or 0, sat_d and (td - now) or 0)
+      if owed < math.floor(line / t) then
+        local at = math.max(now + t, tonumber(s[16]) or 0, paused)
+        if exhausted and at < rr then at = rr end
+        local wait = at - now
+        if max_wait >= 0 and wait > max_wait then
+          return {0, wait, pending, (au > now) and 2 or 1}
+        end
+        redis.call('HSET', key, 'db', owed + 1, 'ha', at + t)
+        if wait <= early then
+          wait = 0
+          if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
+        end
+        redis.call('PEXPIRE', key, 172800000)
+        return {1, wait, pending, (au > now) and 2 or 0}
+      end
+    end
+  end
+  -- otherwise 'ahead' goes one interval before the line of reserved slots
   local ahead = (mode == 'ahead') and 1 or 0
   local at = math.max(now, paused)
   if t_m > 0 then at = math.max(at, tm - tau_m - ahead * t_m + (count - 1) * t_m) end
@@ -300,10 +339,10 @@ class Budget:
                 self.per_minute, self.per_day, int(slot * 1000), count]
 
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
-        """Reserve the next slot (``mode``: "take", "confirm" a slot at ``slot``, "ahead" of the
-        line for a result, "list" in the sweeps' lane (ahead of the line if it is closed), or
-        "peek": how far the next slot is, reserving nothing) - or ``count`` slots at once (a
-        sweep's pages). One round trip."""
+        """Reserve the next slot (``mode``: "take", "confirm" a status read's slot at ``slot``,
+        "rconfirm" a result read's, "ahead" of the status reads for a result, "list" in the
+        sweeps' lane (ahead of the line if it is closed), or "peek": how far the next slot is,
+        reserving nothing) - or ``count`` slots at once (a sweep's pages). One round trip."""
         if self.unlimited:
             return Grant(True, 0.0)
         return Grant.from_reply(self._take(keys=[self.key], args=self.take_args(mode, max_wait, slot, count)))

@@ -4,7 +4,8 @@ A *chain* is the sequence of poll messages of one job that carry one random toke
 message is a step ``n`` of it. The lease ``<prefix><job_id>`` says which step may act::
 
     "T:n"      resting: message (T, n) waits in the queue and is the one allowed to act next
-    "T:n*"     resting, and (T, n) is a finishing message a sweep or webhook handed the job to
+    "T:n*"     resting, and (T, n) is a finishing message (a sweep or webhook handed the job to
+               it, or its chain saw the job finished and waits to fetch the result)
     "T:n!c"    claimed: one delivery of message (T, n) is processing it (``c``: its nonce)
 
 Operations - each one Lua script on one key (so they run unchanged in cluster mode), each safe
@@ -16,13 +17,14 @@ to repeat (a client that retries after a lost reply finds its own value and succ
   moved on while Redis was unreachable). A duplicate delivery of the same message finds the
   first delivery's nonce and fails. A *free* lease is taken too, but as a new chain with a
   fresh token - so an older chain's late messages can never renew it.
-* ``rest``: before re-queueing step n+1, ``T:n!c`` becomes ``T:n+1`` with a TTL covering the
-  wait plus a margin.
+* ``rest``: before re-queueing step n+1, ``T:n!c`` becomes ``T:n+1`` (``T:n+1*`` when step n+1
+  fetches a finished job's result) with a TTL covering the wait plus a margin.
 * ``release``: the claimed value is deleted when the job is finished (already gone counts).
 * ``hand_over``: a sweep (or webhook) that learned a waiting job is finished hands its chain to
   a finishing message: ``T:n`` -> ``T:n+1*`` (that message is step n+1; the waiting step n then
   finds the job taken). It fails while a delivery is mid-poll (the sweep leaves that job to it)
-  and on a job already handed over (its finishing message keeps its place in line).
+  and on a finishing step (a job already handed over, or a chain waiting to fetch the result:
+  it keeps its place in line).
 
 If the holder dies, the TTL hands the job to whoever comes next. The lease saves Sume reads; it
 is not what makes the outcome exactly-once (that is the conditional write in
@@ -209,9 +211,11 @@ class LeaseStore:
                 taken[i] = value == f"{starts[i][1]}:0"
         return taken
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
-        """Before re-queueing step n+1: ``T:n!c`` -> ``T:n+1``. False: the lease was lost."""
-        return bool(self._rest(keys=[self.key(job_id)], args=[step.claimed, step.next_resting, ttl_ms]))
+    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False) -> bool:
+        """Before re-queueing step n+1: ``T:n!c`` -> ``T:n+1`` (``T:n+1*`` for a ``finishing``
+        step: one that fetches a finished job's result). False: the lease was lost."""
+        resting = step.next_resting + ("*" if finishing else "")
+        return bool(self._rest(keys=[self.key(job_id)], args=[step.claimed, resting, ttl_ms]))
 
     def release(self, job_id: str, value: str) -> bool:
         """Delete the lease while it holds ``value`` (a step's claimed value, or the resting value

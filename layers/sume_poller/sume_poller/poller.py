@@ -114,10 +114,15 @@ class LeaseHold:
 
     def __init__(self, lease: LeaseStore, job_id: str, step: Step) -> None:
         self.lease, self.job_id, self.step = lease, job_id, step
+        self._rested = step.next_resting
 
     def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool:
+        # A step that fetches the result of a job Sume finished rests as a finishing step ("*"):
+        # no sweep or webhook hands it over again, so it keeps its reserved read slot.
+        finishing = chain.phase == RESULT_PHASE
+        self._rested = self.step.next_resting + ("*" if finishing else "")
         try:
-            return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)))
+            return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)), finishing=finishing)
         except RedisError as exc:  # keep the chain going: its next message re-takes the lease
             logger.warning("lease rest failed (Redis); re-queueing anyway", extra={"error": type(exc).__name__})
             return True
@@ -126,7 +131,7 @@ class LeaseHold:
         self._release(self.step.claimed)
 
     def undo_rest(self) -> None:
-        self._release(self.step.next_resting)
+        self._release(self._rested)
 
     def _release(self, value: str) -> None:
         try:
@@ -191,9 +196,14 @@ class Poller:
         if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             # Not enough of the invocation left to finish a step: the same message goes back.
             return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
-        due = min(msg.due_at, float(msg.deadline_at))
         if msg.normal_due is not None and not self._stretches(msg.kind, msg.job_id, now):
-            due = min(due, msg.normal_due)  # sweeps stopped covering the kind: back to the normal schedule
+            msg = msg.next(due_at=min(msg.due_at, msg.normal_due))  # no longer covered: the normal schedule
+        elif self._first_read_covered(msg, now):
+            # Sweeps or webhooks cover the kind from the start: the first read waits for the safety
+            # cadence too (hopping every SweepCheckSeconds to check the cover still holds).
+            stretched = (msg.submitted_at or now) + self.s.discovery.safety
+            msg = msg.next(due_at=round(max(msg.due_at, stretched), 3), normal_due=round(msg.due_at, 3))
+        due = min(msg.due_at, float(msg.deadline_at))
         hop = due - now if due - now > HOP_TOLERANCE else None
         nonce = new_nonce()
         step = Step(msg.token, msg.seq, nonce) if msg.token else None
@@ -203,7 +213,8 @@ class Poller:
         needs_read = not hop and (msg.phase != RESULT_PHASE or (msg.outcome or {}).get("status") == "completed")
         # A message that reserved its slot confirms it; a result fetch (a job Sume already
         # finished) goes ahead of the status reads in line.
-        mode = "none" if not needs_read else "confirm" if msg.slot_at is not None else (
+        mode = "none" if not needs_read else (
+            ("rconfirm" if msg.phase == RESULT_PHASE else "confirm") if msg.slot_at is not None else
             "ahead" if msg.phase == RESULT_PHASE else "take")
         patience = self._patience(msg, now) if mode == "take" else math.inf
         try:
@@ -481,6 +492,11 @@ class Poller:
         self._step("rested", chain.job_id)
         return Outcome(name, status_reads, result_reads, send=Outgoing(chain.job_id, nxt.to_json(), delay),
                        undo=hold.undo_rest, signals=signals)
+
+    def _first_read_covered(self, msg: PollMessage, now: float) -> bool:
+        """A chain's first status read (not a hand-over: those read now) of a covered kind."""
+        return (msg.reads == 0 and msg.normal_due is None and msg.found_by is None and msg.phase != RESULT_PHASE
+                and self._stretches(msg.kind, msg.job_id, now))
 
     def _stretches(self, kind: str, job_id: str, now: float) -> bool:
         if self.coverage is None or is_canary(job_id):
