@@ -19,7 +19,7 @@ from sume_poller.budget import Grant, RateInfo
 from sume_poller.clock import Clock
 from sume_poller.gate import Passage
 from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
-from sume_poller.lease import Claim, Step
+from sume_poller.lease import Claim, HandOver, Step, resting_value
 from sume_poller.queue import Outgoing
 from sume_poller.store import Ending, TerminalWrite
 from sume_poller.sume import Listing, Refused, Result, Retryable
@@ -55,15 +55,17 @@ class FakeLease:
             self.values[job_id] = fresh.claimed
             return Claim.FRESH
         token, _, rest = value.partition(":")
-        seq = int(rest.split("!")[0].rstrip("*"))
-        if value in (step.resting, step.resting + "*", step.claimed) or (token == step.token and seq < step.seq):
+        seq = int(rest.split("!")[0].split("@")[0].rstrip("*"))
+        if value in (step.resting, step.resting + "*", step.claimed) or value.startswith(step.resting + "@") or (
+                token == step.token and seq < step.seq):
             self.values[job_id] = step.claimed
             return Claim.OWN
         return Claim.HELD
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False) -> bool:
+    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False,
+             slot: float | None = None) -> bool:
         self._check()
-        resting = step.next_resting + ("*" if finishing else "")
+        resting = resting_value(step, finishing, slot)
         if self.values.get(job_id) in (step.claimed, resting):
             self.values[job_id] = resting
             return True
@@ -76,17 +78,18 @@ class FakeLease:
             return True
         return False
 
-    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> tuple[str, int] | None:
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> HandOver | None:
         self._check()
         value = self.values.get(job_id)
         if value is None:
             self.values[job_id] = f"{fresh_token}:0*"
-            return fresh_token, 0
+            return HandOver(fresh_token, 0)
         if "!" in value or value.endswith("*"):
             return None
+        value, _, slot = value.partition("@")
         token, seq = value.split(":")
         self.values[job_id] = f"{token}:{int(seq) + 1}*"
-        return token, int(seq) + 1
+        return HandOver(token, int(seq) + 1, int(slot) / 1000 if slot else None)
 
     # the few plain Redis commands the webhook uses for event ids
     def exists(self, key: str) -> int:

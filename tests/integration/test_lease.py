@@ -127,7 +127,7 @@ def test_start_many_loads_its_script_again_when_redis_lost_it(lease: LeaseStore,
 def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore, rdb: redis.Redis) -> None:
     token = new_token()
     rdb.set("t:lease:job_w", f"{token}:4", px=TTL)
-    assert lease.hand_over("job_w", new_token(), TTL) == (token, 5)
+    assert lease.hand_over("job_w", new_token(), TTL) == (token, 5, None)
     waiting = Step(token, 4, new_nonce())  # the chain's queued message finds the job taken
     assert lease.claim("job_w", waiting, Step(new_token(), 0, waiting.nonce), TTL) is Claim.HELD
     assert rdb.get("t:lease:job_w") == f"{token}:5*"
@@ -137,7 +137,7 @@ def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore
     rdb.set("t:lease:job_h", f"{token}:7*", px=TTL)
     assert lease.hand_over("job_h", new_token(), TTL) is None  # handed over already: keeps its place
     fresh = new_token()
-    assert lease.hand_over("job_free", fresh, TTL) == (fresh, 0)
+    assert lease.hand_over("job_free", fresh, TTL) == (fresh, 0, None)
 
 
 def test_a_chain_waiting_to_fetch_a_result_rests_as_finishing_and_is_not_handed_over(lease: LeaseStore,
@@ -151,3 +151,19 @@ def test_a_chain_waiting_to_fetch_a_result_rests_as_finishing_and_is_not_handed_
     assert lease.hand_over("job_r", new_token(), TTL) is None  # a sweep leaves it its reserved slot
     nxt = Step(token, 3, new_nonce())
     assert lease.claim("job_r", nxt, Step(new_token(), 0, nxt.nonce), TTL) is Claim.OWN
+
+
+def test_a_step_waiting_on_a_reserved_read_slot_passes_it_to_whoever_takes_its_place(lease: LeaseStore,
+                                                                                    rdb: redis.Redis) -> None:
+    token = new_token()
+    rdb.set("t:lease:job_s", f"{token}:1", px=TTL)
+    step = Step(token, 1, new_nonce())
+    assert lease.claim("job_s", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert lease.rest("job_s", step, TTL, slot=1_800_000_123.456)  # step 2 waits for its read slot
+    assert rdb.get("t:lease:job_s") == f"{token}:2@1800000123456"
+    waiting = Step(token, 2, new_nonce())
+    assert lease.claim("job_s", waiting, Step(new_token(), 0, waiting.nonce), TTL) is Claim.OWN  # it may act
+    assert lease.rest("job_s", waiting, TTL, slot=1_800_000_200.0)
+    assert lease.hand_over("job_s", new_token(), TTL) == (token, 4, 1_800_000_200.0)  # the slot goes with it
+    late = Step(token, 3, new_nonce())  # the fenced step never reads, so the slot is used once
+    assert lease.claim("job_s", late, Step(new_token(), 0, late.nonce), TTL) is Claim.HELD

@@ -115,7 +115,7 @@ def test_the_lease_budget_and_gate_run_unchanged_in_cluster_mode(cluster: RedisC
         passage = gate.enter(job_id, step, Step(new_token(), 0, step.nonce), TTL)
         assert passage.claim is Claim.OWN and passage.grant is not None
         assert lease.rest(job_id, step, TTL)
-    assert lease.hand_over("job_0", new_token(), TTL) == (tokens["job_0"], 2)
+    assert lease.hand_over("job_0", new_token(), TTL) == (tokens["job_0"], 2, None)
     assert lease.hand_over("job_0", new_token(), TTL) is None  # handed over already
     assert budget.state()["tm"] > now[0] * 1000
 

@@ -57,6 +57,18 @@ def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_ch
     assert parse_message(parts.queue.sent[1].body).outcome["status"] == "failed"  # type: ignore[index]
 
 
+def test_a_completed_job_handed_over_takes_the_read_slot_its_fenced_step_had_reserved(parts: Parts) -> None:
+    token = parts.pending("job_slot")
+    slot = parts.clock.now() + 120.0
+    parts.lease.values["job_slot"] = f"{token}:3@{int(slot * 1000)}"  # step 3 waits for a slot 2 minutes away
+    parts.sume.listing = [page(("job_slot", "completed")), page(), page(), page()]
+    assert parts.sweeper().run().handed_over == 1
+    sent = parts.queue.sent[0]
+    message = parse_message(sent.body)
+    assert (message.seq, message.phase, message.slot_at) == (4, RESULT_PHASE, pytest.approx(slot))
+    assert message.due_at == pytest.approx(slot) and sent.delay == pytest.approx(120.0)  # then confirms that slot
+
+
 def test_a_sweep_starts_only_when_its_lane_has_its_reads_free_and_reserves_none_otherwise(parts: Parts) -> None:
     parts.pending("job_done")
     parts.sume.listing = [page(("job_done", "completed"))]

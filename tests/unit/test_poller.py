@@ -147,7 +147,7 @@ def test_no_read_slot_now_requeues_for_the_reserved_slot_keeping_the_lease(rig: 
     nxt = rig.next_of(out)
     assert out.name == "budget_wait" and "BudgetExhausted" in out.signals and rig.sume.calls == []
     assert nxt.slot_at == pytest.approx(rig.clock.now() + 42.0) and nxt.due_at == nxt.slot_at
-    assert rig.lease.values["job_a"] == f"{msg.token}:1"
+    assert rig.lease.values["job_a"] == f"{msg.token}:1@{int(nxt.slot_at * 1000)}"  # the slot rides in the lease
 
 
 def test_redis_down_a_chain_keeps_polling_on_its_own_schedule_fenced_against_duplicates(rig: Rig) -> None:

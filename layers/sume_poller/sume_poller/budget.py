@@ -20,9 +20,10 @@ both windows at once, atomic in one Lua script on one hash key:
   ahead chains have reserved slots, a sweep finds its reads free; when sweeps stop, the lane
   closes by itself and chains get the whole budget back;
 * a result read of a job Sume finished outranks status reads: while status reads are reserved
-  further ahead than one interval, it takes the place of the next reserved one (at most one per
-  interval; that status read's ``confirm`` then sends it to the back of the line), so a budget
-  saturated by status reads still serves known-finished jobs first;
+  further ahead than one interval, it takes the place of the next reserved one (that status
+  read's ``confirm`` then sends it to the back of the line; one place taken at a time, so even a
+  place nobody gives up costs at most the window's spare read), so a budget saturated by status
+  reads still serves known-finished jobs first;
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
@@ -136,12 +137,13 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
     -- A result read of a job Sume finished outranks every status read: while status reads are
     -- reserved further than an interval ahead, it takes the place of the next one (that read's
     -- confirm goes to the back of the line), result reads spaced like the line they replace.
+    -- One place at a time: until a confirm has given its place up, a result read that never
+    -- displaced anyone is one read more in its window - which the window's spare interval covers.
     local sat_m = t_m > 0 and tm - tau_m - t_m > now
     local sat_d = t_d > 0 and td - tau_d - t_d > now
     if sat_m or sat_d then
       local t = math.max(sat_m and t_m or 0, sat_d and t_d or 0)
-      local line = math.max(sat_m and (tm - now) or 0, sat_d and (td - now) or 0)
-      if owed < math.floor(line / t) then
+      if owed < 1 then
         local at = math.max(now + t, tonumber(s[16]) or 0, paused)
         if exhausted and at < rr then at = rr end
         local wait = at - now

@@ -4,6 +4,7 @@ A *chain* is the sequence of poll messages of one job that carry one random toke
 message is a step ``n`` of it. The lease ``<prefix><job_id>`` says which step may act::
 
     "T:n"      resting: message (T, n) waits in the queue and is the one allowed to act next
+    "T:n@S"    resting, and (T, n) holds the read slot reserved at clock ms ``S``
     "T:n*"     resting, and (T, n) is a finishing message (a sweep or webhook handed the job to
                it, or its chain saw the job finished and waits to fetch the result)
     "T:n!c"    claimed: one delivery of message (T, n) is processing it (``c``: its nonce)
@@ -22,7 +23,8 @@ to repeat (a client that retries after a lost reply finds its own value and succ
 * ``release``: the claimed value is deleted when the job is finished (already gone counts).
 * ``hand_over``: a sweep (or webhook) that learned a waiting job is finished hands its chain to
   a finishing message: ``T:n`` -> ``T:n+1*`` (that message is step n+1; the waiting step n then
-  finds the job taken). It fails while a delivery is mid-poll (the sweep leaves that job to it)
+  finds the job taken) and inherits the read slot the waiting step had reserved, if any (that
+  step will never use it). It fails while a delivery is mid-poll (the sweep leaves that job to it)
   and on a finishing step (a job already handed over, or a chain waiting to fetch the result:
   it keeps its place in line).
 
@@ -36,7 +38,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
@@ -50,7 +52,8 @@ local function lease_claim(key, resting, claimed, token, seq, fresh, ttl)
     redis.call('SET', key, fresh, 'PX', ttl)
     return 2
   end
-  if v == resting or v == resting .. '*' or v == claimed or v == fresh then
+  if v == resting or v == resting .. '*' or string.sub(v, 1, #resting + 1) == resting .. '@'
+      or v == claimed or v == fresh then
     redis.call('SET', key, v == fresh and fresh or claimed, 'PX', ttl)
     return v == fresh and 2 or 1
   end
@@ -98,7 +101,8 @@ return 0
 #: Lua: hand a waiting chain over to a finishing message. ARGV: fresh value ("T':0*"), ttl ms.
 #: A resting "T:n" becomes "T:n+1*" (the finishing message is step n+1, so the waiting message
 #: n finds the job taken); a free lease becomes the fresh value. Returns the value now held, or
-#: false while a delivery is mid-poll or the job was handed over already. A repeat after a lost
+#: false while a delivery is mid-poll or the job was handed over already; with the value, the
+#: read slot the waiting step had reserved ("" if none). A repeat after a lost
 #: reply returns false too: the finishing message of the first call was not sent, and the lease
 #: expires so the job's chain takes over again.
 HAND_OVER_LUA = """
@@ -107,11 +111,11 @@ if not v then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return ARGV[1]
 end
-local t, s = string.match(v, '^(%x+):(%d+)$')
+local t, s, slot = string.match(v, '^(%x+):(%d+)@?(%d*)$')
 if not t then return false end
 local next = t .. ':' .. (tonumber(s) + 1) .. '*'
 redis.call('SET', KEYS[1], next, 'PX', ARGV[2])
-return next
+return {next, slot}
 """
 
 
@@ -152,6 +156,26 @@ class Step:
 
     def claim_args(self, fresh: Step, ttl_ms: int) -> list[Any]:
         return [self.resting, self.claimed, self.token, self.seq, fresh.claimed, ttl_ms]
+
+
+class HandOver(NamedTuple):
+    """What :meth:`LeaseStore.hand_over` gives the finishing message: its step, and the read slot
+    (clock seconds) the waiting step had reserved, which it may use instead."""
+
+    token: str
+    seq: int
+    slot: float | None = None
+
+
+def resting_value(step: Step, finishing: bool = False, slot: float | None = None) -> str:
+    """The lease value step n+1 rests under (see the module docstring)."""
+    if finishing:
+        return step.next_resting + "*"
+    return step.next_resting + (f"@{int(slot * 1000)}" if slot is not None else "")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class LeaseStore:
@@ -211,25 +235,30 @@ class LeaseStore:
                 taken[i] = value == f"{starts[i][1]}:0"
         return taken
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False) -> bool:
+    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False,
+             slot: float | None = None) -> bool:
         """Before re-queueing step n+1: ``T:n!c`` -> ``T:n+1`` (``T:n+1*`` for a ``finishing``
-        step: one that fetches a finished job's result). False: the lease was lost."""
-        resting = step.next_resting + ("*" if finishing else "")
-        return bool(self._rest(keys=[self.key(job_id)], args=[step.claimed, resting, ttl_ms]))
+        step: one that fetches a finished job's result; ``T:n+1@S`` for one that holds the read
+        slot reserved at clock time ``slot``). False: the lease was lost."""
+        return bool(self._rest(keys=[self.key(job_id)], args=[step.claimed, resting_value(step, finishing, slot),
+                                                              ttl_ms]))
 
     def release(self, job_id: str, value: str) -> bool:
         """Delete the lease while it holds ``value`` (a step's claimed value, or the resting value
         of a step whose message could not be sent); already gone counts as released."""
         return bool(self._release(keys=[self.key(job_id)], args=[value]))
 
-    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> tuple[str, int] | None:
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> HandOver | None:
         """Take a waiting chain (or a free lease) for a finishing message: the (token, seq) that
-        message must carry, or None while a delivery of the chain is mid-poll."""
+        message must carry and the read slot it inherits, or None while a delivery of the chain
+        is mid-poll."""
         held = self._hand_over(keys=[self.key(job_id)], args=[f"{fresh_token}:0*", ttl_ms])
-        if held is None:
+        if not held:
             return None
-        token, _, seq = str(held).rstrip("*").partition(":")
-        return token, int(seq)
+        value, slot = (held if isinstance(held, list) else [held, ""])[:2]
+        token, _, seq = _text(value).rstrip("*").partition(":")
+        slot_ms = _text(slot)
+        return HandOver(token, int(seq), int(slot_ms) / 1000 if slot_ms else None)
 
     def held(self, job_ids: list[str]) -> list[bool]:
         """Which jobs hold a lease, in one pipelined round trip (diagnostics and tests)."""

@@ -42,7 +42,7 @@ from .coverage import CoverageView, is_canary
 from .events import EventBus
 from .gate import ReadGate
 from .jobs import PENDING, error_delay, result_wait_delay
-from .lease import Claim, LeaseStore, Step, new_nonce, new_token
+from .lease import Claim, LeaseStore, Step, new_nonce, new_token, resting_value
 from .messages import RESULT_PHASE, PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
@@ -118,11 +118,13 @@ class LeaseHold:
 
     def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool:
         # A step that fetches the result of a job Sume finished rests as a finishing step ("*"):
-        # no sweep or webhook hands it over again, so it keeps its reserved read slot.
+        # no sweep or webhook hands it over again, so it keeps its reserved read slot. A status
+        # step that reserved a slot says so in the lease: a hand-over passes the slot on.
         finishing = chain.phase == RESULT_PHASE
-        self._rested = self.step.next_resting + ("*" if finishing else "")
+        self._rested = resting_value(self.step, finishing, chain.slot_at)
         try:
-            return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)), finishing=finishing)
+            return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)), finishing=finishing,
+                                   slot=chain.slot_at)
         except RedisError as exc:  # keep the chain going: its next message re-takes the lease
             logger.warning("lease rest failed (Redis); re-queueing anyway", extra={"error": type(exc).__name__})
             return True

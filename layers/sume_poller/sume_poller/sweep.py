@@ -279,12 +279,16 @@ class Sweeper:
         now = self.clock.now()
         canonical = canonical_terminal_status(sume_status, sume_status.lower() == "completed")
         submitted = record.get("submitted_at")
+        # A completed job's result read takes the read slot its fenced status step had reserved
+        # (that step never reads now); without one it goes ahead of the status reads in line.
+        slot = held.slot if canonical == "completed" else None
+        due = max(now, slot) if slot is not None else now
         message = PollMessage(
-            job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(now, 3),
-            token=held[0], seq=held[1], submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
+            job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(due, 3),
+            token=held.token, seq=held.seq, submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
             profile=record.get("profile"), phase=RESULT_PHASE, seen_terminal_at=now, found_by="sweep",
-            outcome={"status": canonical, "sume_status": sume_status.lower()})
-        return Outgoing(job_id, message.to_json(), 0.0), f"{held[0]}:{held[1]}*"
+            outcome={"status": canonical, "sume_status": sume_status.lower()}, slot_at=slot)
+        return Outgoing(job_id, message.to_json(), due - now), f"{held.token}:{held.seq}*"
 
 
 def _timestamp(value: Any) -> float | None:

@@ -121,11 +121,15 @@ class WebhookReceiver:
         if held is None:
             return False  # a delivery of its chain is reading it right now
         submitted = record.get("submitted_at")
+        # Under a binding budget the read takes the slot its fenced step had reserved (no later
+        # than a new one at the end of the line); otherwise it reads now.
+        now = self.clock.now()
+        due = max(now, held.slot) if held.slot is not None else now
         message = PollMessage(job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]),
-                              due_at=round(self.clock.now(), 3), token=held[0], seq=held[1],
+                              due_at=round(due, 3), token=held.token, seq=held.seq, slot_at=held.slot,
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
                               profile=record.get("profile"), found_by="webhook")
-        if self.queue.send([Outgoing(job_id, message.to_json(), 0.0)]):
-            self.lease.release(job_id, f"{held[0]}:{held[1]}*")  # the chain's waiting step takes over
+        if self.queue.send([Outgoing(job_id, message.to_json(), due - now)]):
+            self.lease.release(job_id, f"{held.token}:{held.seq}*")  # the chain's waiting step takes over
             raise RuntimeError("the poll queue refused the message; Sume will deliver the webhook again")
         return True
