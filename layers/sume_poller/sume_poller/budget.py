@@ -14,7 +14,7 @@ both windows at once, atomic in one Lua script on one hash key:
   moment would - never past the window (the interval it may borrow is kept free:
   ``L - L // 50 - 3`` grants per window, ``L - 2`` below 20);
 * the sweeps' *lane*: while the sweep function keeps it open (:meth:`Budget.open_lane`), a share
-  ``k`` of each window (``SweepReadShare``) is kept for ``list`` reads - the line of chain and
+  ``k`` of each window (``SweepReadSharePercent``) is kept for ``list`` reads - the line of chain and
   result reads is spaced for ``k + 1`` fewer grants, and list reads have their own pair of TATs
   allowing ``k`` per window with up to ``LANE_BURST + 1`` at once (a sweep's pages). However far
   ahead chains have reserved slots, a sweep finds its reads free; when sweeps stop, the lane
@@ -22,8 +22,8 @@ both windows at once, atomic in one Lua script on one hash key:
 * a result read of a job Sume finished outranks status reads: while status reads are reserved
   further ahead than one interval, it takes the place of the next reserved one (that status
   read's ``confirm`` then sends it to the back of the line; one place taken at a time, so even a
-  place nobody gives up costs at most the window's spare read), so a budget saturated by status
-  reads still serves known-finished jobs first;
+  place nobody gives up costs at most the window's spare read, so limits below 20 do not do it),
+  so a budget saturated by status reads still serves known-finished jobs first;
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
   unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
 * feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
@@ -138,10 +138,12 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
     -- reserved further than an interval ahead, it takes the place of the next one (that read's
     -- confirm goes to the back of the line), result reads spaced like the line they replace.
     -- One place at a time: until a confirm has given its place up, a result read that never
-    -- displaced anyone is one read more in its window - which the window's spare interval covers.
+    -- displaced anyone is one read more in its window - which the window's spare read covers
+    -- (only limits of 20 and more keep one).
     local sat_m = t_m > 0 and tm - tau_m - t_m > now
     local sat_d = t_d > 0 and td - tau_d - t_d > now
-    if sat_m or sat_d then
+    local spared = (not sat_m or limit_of(cfg_m, s[7]) >= 20) and (not sat_d or limit_of(cfg_d, s[8]) >= 20)
+    if (sat_m or sat_d) and spared then
       local t = math.max(sat_m and t_m or 0, sat_d and t_d or 0)
       if owed < 1 then
         local at = math.max(now + t, tonumber(s[16]) or 0, paused)
