@@ -95,6 +95,16 @@ local function lane_window(configured, learned, span, share)
   return t, b * t
 end
 
+-- a granted slot: read now if it is this close (one read less left in Sume's window)
+local function granted(key, now, wait, early, rm, rr, pending, au)
+  if wait <= early then
+    wait = 0
+    if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
+  end
+  redis.call('PEXPIRE', key, 172800000)
+  return {1, wait, pending, (au > now) and 2 or 0}
+end
+
 local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count)
   count = tonumber(count) or 1
   local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox', 'sa', 'sk', 'sm', 'sd',
@@ -153,12 +163,7 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
           return {0, wait, pending, (au > now) and 2 or 1}
         end
         redis.call('HSET', key, 'db', owed + 1, 'ha', at + t)
-        if wait <= early then
-          wait = 0
-          if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-        end
-        redis.call('PEXPIRE', key, 172800000)
-        return {1, wait, pending, (au > now) and 2 or 0}
+        return granted(key, now, wait, early, rm, rr, pending, au)
       end
     end
   end
@@ -176,12 +181,7 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
   if t_m > 0 then tm = math.max(tm, at) + count * t_m end
   if t_d > 0 then td = math.max(td, at) + count * t_d end
   redis.call('HSET', key, fm, tm, fd, td)
-  if wait <= early then
-    wait = 0
-    if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-  end
-  redis.call('PEXPIRE', key, 172800000)
-  return {1, wait, pending, (au > now) and 2 or 0}
+  return granted(key, now, wait, early, rm, rr, pending, au)
 end
 """
 
