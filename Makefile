@@ -89,21 +89,23 @@ test-integration: $(VENV)/.installed redis
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -m e2e
 
-# The integration and e2e tiers mostly wait (on SQS delays, a compressed clock, deployed
-# Lambdas): the checks and all three tiers run at once, each into its own log, printed when it
-# finishes. Each starts as soon as what it needs is installed, in two chains side by side: unit
-# and integration once .venv is in; build and e2e once the SAM and ministack virtualenvs (and
-# .venv) are, then lint once checkov's is. (e2e builds the template itself, into a directory of
-# its own.)
+# The checks and all three tiers run at once, each into its own log, printed when it finishes.
+# Each starts as soon as what it needs is installed, in three chains side by side: unit and
+# integration once .venv is in (the critical path: the integration tier is CPU-bound); build
+# and e2e once the SAM and ministack virtualenvs are (installed at a lower CPU priority: the e2e
+# tier mostly waits on deployed Lambdas, so it has slack); lint once checkov's is (its install
+# mostly waits on the package index, so it starts at once). (e2e builds the template itself,
+# into a directory of its own.)
 test: redis
-	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e @setup-lint lint
+	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint
 
 setup-dev: $(VENV)/.installed
 
 setup-e2e:
 	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
 
-setup-lint: $(VENV)/.installed $(CKVENV)/.installed
+setup-lint:
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(CKVENV)/.installed
 
 # -- running it --------------------------------------------------------------------------------
 demo: setup

@@ -3,12 +3,13 @@
 # (.scratch/logs/<tier>.log), and print a tier's log as soon as it finishes, so the output stays
 # readable. Exits non-zero if any of them failed.
 #
-#   scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e @setup-lint lint
+#   scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint
 #
 # Comma-separated chains run side by side. In a chain, "@target" is a make target that installs
 # what the tiers after it need: a chain's first one starts at once, each later one when the one
 # before it is done, and the tiers after it start when it is done (a failed install fails them).
-# The checks (lint and its install) have the most slack: they run at a lower CPU priority (nice).
+# What has slack runs at a lower CPU priority (nice): the checks (lint and its install) most, the
+# e2e tier's installs some (the e2e tier mostly waits; the integration tier is CPU-bound).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -28,7 +29,10 @@ start_tier() {  # start_tier TIER [CHAIN]
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
   esac
-  if [[ $tier == lint || $tier == @setup-lint ]]; then cmd=(nice -n 10 "${cmd[@]}"); fi
+  case "$tier" in
+    lint|@setup-lint) cmd=(nice -n 10 "${cmd[@]}") ;;
+    @setup-e2e)       cmd=(nice -n 5 "${cmd[@]}") ;;
+  esac
   ( started=$SECONDS
     "${cmd[@]}" >"$LOGS/$tier.log" 2>&1
     code=$?
