@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import SCRATCH
-from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to
+from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to, virtual_poll_settings
 from bench.report import Row, target_row
 from sume_poller.clock import Clock
 
@@ -102,17 +102,7 @@ def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, pe
     from sume_poller.lease import LeaseStore, new_token
     from sume_poller.messages import PollMessage, parse_message
     from sume_poller.poller import Deadline, Poller
-    from sume_poller.settings import (
-        BudgetSettings,
-        Common,
-        DiscoverySettings,
-        JobSettings,
-        LeaseSettings,
-        PollSettings,
-        RedisSettings,
-        ScheduleSettings,
-        SumeSettings,
-    )
+    from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
     from sume_poller.sume import SumeClient
     from tools.sume_sim import SumeSimulator
 
@@ -122,13 +112,10 @@ def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, pe
     sim_budget = {"per_minute": per_minute or None, "per_day": per_day or None}
     with SumeSimulator(api_key=key, hints=False, clock=clock, read_budget=sim_budget,
                        other_consumer_share=other_share) as sim:
-        settings = PollSettings(
-            common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",
-            result_bucket="unused", sume=SumeSettings(sim.base_url, "unused", "ssm"),
-            redis=RedisSettings(redis_url, "standalone", None, prefix),
-            lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=DAY), budget=budget_on,
-            jobs=JobSettings(max_age=100 * DAY), schedule=ScheduleSettings(False, 2.0, 2.0),
-            discovery=DiscoverySettings(sweeps=False))
+        settings = virtual_poll_settings(clock, sume_url=sim.base_url, redis_url=redis_url, prefix=prefix,
+                                         budget=budget_on, max_age=100 * DAY,
+                                         schedule=ScheduleSettings(False, 2.0, 2.0),
+                                         discovery=DiscoverySettings(sweeps=False))
         lease_calls, budget_calls = CallCounter(), CallCounter()
         lease = LeaseStore(counting_client(redis_url, lease_calls), prefix)
         budget = Budget(counting_client(redis_url, budget_calls), f"{prefix}!budget:reads", budget_on.reads_per_minute,

@@ -352,7 +352,7 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     import heapq
 
     from bench.fig_budget import START, VirtualClock
-    from bench.harness import DetachedQueue
+    from bench.harness import DetachedQueue, virtual_poll_settings
     from sume_poller.budget import Budget, LocalPacer
     from sume_poller.coverage import CoverageStore, CoverageView
     from sume_poller.gate import ReadGate
@@ -361,17 +361,7 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     from sume_poller.poller import Deadline, Poller
     from sume_poller.queue import Outgoing, PollQueue
     from sume_poller.redisconn import connect
-    from sume_poller.settings import (
-        BudgetSettings,
-        Common,
-        DiscoverySettings,
-        JobSettings,
-        LeaseSettings,
-        PollSettings,
-        RedisSettings,
-        ScheduleSettings,
-        SumeSettings,
-    )
+    from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
     from sume_poller.sume import SumeClient
     from sume_poller.sweep import Sweeper, SweepSettings
     from sume_poller.webhook import WebhookReceiver
@@ -403,13 +393,10 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                        webhooks={"kinds": list(KINDS), "secret": secret, "loss": arm.webhook_loss or 0.0}
                        if hooks else None) as sim:
         sim.configure(list=dict(arm.list_config))
-        settings = PollSettings(
-            common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",
-            result_bucket="unused", sume=SumeSettings(sim.base_url, "unused", "ssm"),
-            redis=RedisSettings(redis_url, "standalone", None, prefix),
-            lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=day),
-            budget=BudgetSettings(per_minute, per_day, 0, 0),
-            jobs=JobSettings(max_age=10 * day), schedule=ScheduleSettings(learned=False),
+        settings = virtual_poll_settings(
+            clock, sume_url=sim.base_url, redis_url=redis_url, prefix=prefix,
+            budget=BudgetSettings(per_minute, per_day, 0, 0), max_age=10 * day,
+            schedule=ScheduleSettings(learned=False),
             discovery=DiscoverySettings(sweeps=arm.sweeps, webhook_kinds=frozenset(KINDS) if hooks else frozenset()))
         client = connect(settings.redis)
         lease, store, bus = LeaseStore(client, prefix), _MemoryStore(), _Bus()

@@ -160,6 +160,27 @@ class MemQueue(PollQueue):
             return len(self._messages)
 
 
+def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: str, budget: Any, max_age: int,
+                          schedule: Any, discovery: Any) -> Any:
+    """PollSettings for a Poller driven by hand on a virtual clock (figures 8 and 9): leases long
+    enough that no real-time TTL runs out while the virtual clock races ahead."""
+    from sume_poller.settings import (
+        Common,
+        JobSettings,
+        LeaseSettings,
+        PollSettings,
+        RedisSettings,
+        SumeSettings,
+    )
+
+    return PollSettings(
+        common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",
+        result_bucket="unused", sume=SumeSettings(sume_url, "unused", "ssm"),
+        redis=RedisSettings(redis_url, "standalone", None, prefix),
+        lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=86_400), budget=budget,
+        jobs=JobSettings(max_age=max_age), schedule=schedule, discovery=discovery)
+
+
 class DetachedQueue(PollQueue):
     """A PollQueue with nothing behind it, for a Poller driven by hand: the poller reads only its
     delay limits (it hands each next message back in its Outcome); a send would be a bug."""
