@@ -2,7 +2,7 @@
 # with "... missing: run make setup". Every service a target needs (redis-server, moto, ministack,
 # the Sume simulator) is started by the tools themselves on free 127.0.0.1 ports. No Docker.
 #
-#   make setup             the four virtualenvs (in parallel) and redis-server
+#   make setup             the virtualenvs (uv first, then four in parallel with it) and redis-server
 #   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline)
 #   make build             sam build
 #   make test              lint, build and the unit, integration and e2e tiers, all at once
@@ -23,6 +23,7 @@ VENV    := .venv
 SAMVENV := .venv-sam
 MSVENV  := .venv-ministack
 CKVENV  := .venv-checkov
+UVVENV  := .venv-uv
 PY      := $(VENV)/bin/python
 # Python entry points import the layer's package as Lambda does from /opt/python (pytest has
 # the same path in pyproject.toml). Not exported: ministack's Lambdas must use the built layer.
@@ -39,30 +40,33 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
         models redrive logs clean
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
-# $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, pip installs (log in
+# $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, installs with uv (log in
 # .scratch/logs/DIR.log) and marks it installed, one install per virtualenv at a time.
-venv = @./scripts/venv.sh $(1) $(PYTHON) "$(2)" $^
+venv = @./scripts/venv.sh $(1) $(PYTHON) "$(2)" $(filter-out $(UVVENV)/.installed,$^)
+
+# The installer of the others (uv: pip's resolver and serial downloads took 70-350 s a virtualenv).
+$(UVVENV)/.installed: scripts/requirements-uv.txt
+	$(call venv,$(UVVENV),-r scripts/requirements-uv.txt)
 
 $(VENV)/.installed: requirements-dev.txt layers/sume_poller/requirements.txt \
-                    layers/sume_poller/requirements-tracing.txt
+                    layers/sume_poller/requirements-tracing.txt $(UVVENV)/.installed
 	$(call venv,$(VENV),-r requirements-dev.txt)
 
 # aws-sam-cli pins boto3 and friends: a virtualenv of its own (cfn-lint lives here too).
-$(SAMVENV)/.installed: scripts/requirements-sam.txt
+$(SAMVENV)/.installed: scripts/requirements-sam.txt $(UVVENV)/.installed
 	$(call venv,$(SAMVENV),-r scripts/requirements-sam.txt)
 
 # ministack pins botocore exactly: one pip command, so the pin holds.
-$(MSVENV)/.installed: scripts/requirements-ministack.txt
+$(MSVENV)/.installed: scripts/requirements-ministack.txt $(UVVENV)/.installed
 	$(call venv,$(MSVENV),-r scripts/requirements-ministack.txt)
 
 # checkov pins boto3 exactly: a virtualenv of its own.
-$(CKVENV)/.installed: scripts/requirements-checkov.txt
+$(CKVENV)/.installed: scripts/requirements-checkov.txt $(UVVENV)/.installed
 	$(call venv,$(CKVENV),-r scripts/requirements-checkov.txt)
 
 # The benchmarks' plotting and fitting packages, only for make bench.
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
-	$(VENV)/bin/python -m pip install --quiet --no-compile -r bench/requirements.txt
-	@touch $@
+	@MARK=.bench-installed ./scripts/venv.sh $(VENV) $(PYTHON) "-r bench/requirements.txt" $^
 
 setup:
 	@$(MAKE) --no-print-directory -j4 $(VENVS) redis
