@@ -124,8 +124,6 @@ def test_an_acl_user_from_secrets_manager_authenticates(aws: str) -> None:
     with RedisServer(acl_user=("poller", "s3cret-pw")) as server:
         boto3.client("secretsmanager").create_secret(
             Name="redis/poller", SecretString=json.dumps({"username": "poller", "password": "s3cret-pw"}))
-        from aws_lambda_powertools.utilities import parameters
-        parameters.clear_caches()
         client = connect(RedisSettings(url=server.url, mode="standalone", secret_name="redis/poller"))
         assert LeaseStore(client, "t:acl:").start("job_a", new_token(), TTL)
         anonymous = redis.Redis.from_url(server.url, retry=None)

@@ -1,4 +1,4 @@
-"""boto3 clients: one Session per container, short timeouts, few retries.
+"""boto3 clients: one Session and one client per service per container, short timeouts, few retries.
 
 Every AWS call a record makes must fit inside the invocation: with a 1 s connect and 3 s read
 timeout and two attempts (standard retry mode) one call takes at most about 8 s, whatever
@@ -8,6 +8,7 @@ at moto or ministack.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -24,25 +25,38 @@ CLIENT_CONFIG = Config(
     max_pool_connections=16,
 )
 
+#: What a client is built from: a change of any of these (local runs point one process at
+#: another endpoint or key) makes :func:`client` start over with a new Session.
+ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "AWS_SESSION_TOKEN", "AWS_PROFILE")
+
 _session: boto3.session.Session | None = None
+_clients: dict[str, Any] = {}
+_built_from: tuple[str | None, ...] | None = None
 _lock = threading.Lock()
 
 
 def client(service: str) -> Any:
-    """A client from the container's one boto3 Session (a Session loads botocore's data files:
-    about 70 ms of cold start each)."""
-    global _session
+    """The container's client of ``service``: one Session and one client per service, shared by
+    every part (clients are thread-safe; each new one parses botocore's model of its service,
+    tens of milliseconds of cold start)."""
+    global _session, _built_from
+    environment = tuple(os.environ.get(name) for name in ENVIRONMENT)
     with _lock:
-        if _session is None:
-            _session = boto3.session.Session()
-        return _session.client(service, config=CLIENT_CONFIG)  # type: ignore[call-overload]
+        if _session is None or environment != _built_from:
+            _session, _built_from = boto3.session.Session(), environment
+            _clients.clear()
+        if service not in _clients:
+            _clients[service] = _session.client(service, config=CLIENT_CONFIG)  # type: ignore[call-overload]
+        return _clients[service]
 
 
 def reset_session() -> None:
-    """Forget the Session (local runs change credentials and endpoints between cases)."""
+    """Forget the Session and its clients."""
     global _session
     with _lock:
         _session = None
+        _clients.clear()
 
 
 def error_code(exc: Exception) -> str | None:

@@ -18,8 +18,20 @@ from typing import Any
 
 from redis.credentials import CredentialProvider
 
+from .aws import client
+
 #: Seconds a fetched secret is reused before Parameters reads it again.
 MAX_AGE = 300
+
+
+def _provider(source: str) -> Any:
+    """A Powertools provider of ``source`` ("ssm" or "secretsmanager") on the container's client
+    (Powertools' default providers would build a boto3 Session of their own)."""
+    from aws_lambda_powertools.utilities import parameters
+
+    if source == "secretsmanager":
+        return parameters.SecretsProvider(boto3_client=client("secretsmanager"))
+    return parameters.SSMProvider(boto3_client=client("ssm"))
 
 
 class Secret:
@@ -28,21 +40,20 @@ class Secret:
     def __init__(self, name: str, source: str) -> None:
         self._name = name
         self._source = source
+        self._provider: Any = None
         self._force = threading.Event()
         # Single flight: the records of a batch run on parallel threads, and on a cold container
         # they would all miss the cache at once and each read the parameter.
         self._lock = threading.Lock()
 
     def __call__(self) -> str:
-        from aws_lambda_powertools.utilities import parameters
-
         with self._lock:
             force = self._force.is_set()
             self._force.clear()
-            if self._source == "secretsmanager":
-                value = parameters.get_secret(self._name, max_age=MAX_AGE, force_fetch=force)
-            else:
-                value = parameters.get_parameter(self._name, decrypt=True, max_age=MAX_AGE, force_fetch=force)
+            if self._provider is None:
+                self._provider = _provider(self._source)
+            options = {} if self._source == "secretsmanager" else {"decrypt": True}
+            value = self._provider.get(self._name, max_age=MAX_AGE, force_fetch=force, **options)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"the secret at {self._name} is empty")
         return value.strip()
@@ -56,11 +67,12 @@ class RedisCredentials(CredentialProvider):
 
     def __init__(self, secret_name: str) -> None:
         self._name = secret_name
+        self._provider: Any = None
 
     def get_credentials(self) -> tuple[str] | tuple[str, str]:
-        from aws_lambda_powertools.utilities import parameters
-
-        raw: Any = parameters.get_secret(self._name, max_age=MAX_AGE)
+        if self._provider is None:
+            self._provider = _provider("secretsmanager")
+        raw: Any = self._provider.get(self._name, max_age=MAX_AGE)
         data = json.loads(raw) if isinstance(raw, str) else raw
         if not isinstance(data, dict) or not isinstance(data.get("password"), str):
             raise ValueError(f"secret {self._name} must be JSON with a password (and a username)")

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from .aws import reset_session
 from .batch import BatchRunner
 from .budget import Budget, LocalPacer
 from .coverage import CoverageStore, CoverageView
@@ -133,10 +132,7 @@ def webhook_receiver() -> WebhookReceiver:
 
 
 def reset() -> None:
-    """Forget every part, setting and cached secret (local runs and tests change the environment)."""
-    from aws_lambda_powertools.utilities import parameters
-
+    """Forget every part, setting and cached secret (local runs and tests change the environment;
+    the boto3 clients follow it themselves, see :func:`sume_poller.aws.client`)."""
     for cached in (redis_client, poll_runner, _fanout_parts, submitter, _sweep_parts, webhook_receiver):
         cached.cache_clear()
-    parameters.clear_caches()  # type: ignore[no-untyped-call]
-    reset_session()
