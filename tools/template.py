@@ -21,6 +21,7 @@ module reads exactly the part of CloudFormation and SAM that template.yaml uses:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import re
@@ -724,6 +725,21 @@ def _creation_order(resources: Mapping[str, Any], wanted: list[str]) -> list[str
     return order
 
 
+@functools.lru_cache(maxsize=32)
+def _local_client(service: str, endpoint_url: str, region: str) -> Any:
+    """One client per local endpoint, region and service in this process: a test run provisions
+    the template again before every test, and each new client parses botocore's model of its
+    service (most of a provision's CPU)."""
+    import boto3  # here: reading templates must not need boto3
+
+    session: Any = boto3.session.Session(
+        aws_access_key_id="testing",  # local endpoints (moto, ministack) accept anything
+        aws_secret_access_key="testing",
+        region_name=region,
+    )
+    return session.client(service, endpoint_url=endpoint_url)
+
+
 def provision(
     template: Mapping[str, Any],
     resolver: Resolver,
@@ -739,8 +755,6 @@ def provision(
     false are not created; resources of other types are skipped (listed in ``.skipped`` and
     logged).
     """
-    import boto3  # here: reading templates must not need boto3
-
     resources = template.get("Resources") or {}
     result = Provisioned()
     wanted = []
@@ -755,20 +769,12 @@ def provision(
     if result.skipped:
         log.info("provision: not created locally: %s", ", ".join(f"{k} ({v})" for k, v in result.skipped.items()))
 
-    session: Any = boto3.session.Session(
-        aws_access_key_id="testing",  # local endpoints (moto, ministack) accept anything
-        aws_secret_access_key="testing",
-        region_name=region,
-    )
-    clients: dict[str, Any] = {}
     for lid in _creation_order(resources, wanted):
         resource_type = resources[lid]["Type"]
         kind = _KINDS[resource_type]
         props = resolver.resolve(resources[lid].get("Properties") or {}, f"Resources.{lid}.Properties") or {}
         name = (names or {}).get(lid) or _physical_name(lid, resource_type, props)
-        if kind.service not in clients:
-            clients[kind.service] = session.client(kind.service, endpoint_url=endpoint_url)
-        ref_value, attrs = kind.create(clients[kind.service], name, props, region)
+        ref_value, attrs = kind.create(_local_client(kind.service, endpoint_url, region), name, props, region)
         resolver.bind(lid, ref_value, attrs)
         result[lid] = ref_value
     return result

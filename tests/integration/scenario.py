@@ -1,5 +1,6 @@
 """Driving scenarios on the in-process stack: a module-scoped stack per test module (each has its
-own clock scale and parameters), a fresh state per test, submitting simulated jobs, running them."""
+own clock scale and parameters; all of a test process's stacks share its one moto server), a fresh
+state per test, submitting simulated jobs, running them."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from sume_poller.store import STATS_PREFIX
+from tools.services import MotoServer
 from tools.stack.inprocess import InProcessStack
 
 #: Leases short in real time, so recovery after a crash takes seconds (the template's minimum
@@ -43,9 +45,9 @@ def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str
     """(module_stack, stack) fixtures: one stack per module, reset before each test."""
 
     @pytest.fixture(scope="module")
-    def module_stack() -> Iterator[InProcessStack]:
+    def module_stack(moto_server: MotoServer) -> Iterator[InProcessStack]:
         with InProcessStack(time_scale=scale, parameters={**SCENARIO_DEFAULTS, **parameters}, env=dict(env),
-                            **options) as stack:
+                            moto=moto_server, **options) as stack:
             yield stack
 
     @pytest.fixture

@@ -38,6 +38,7 @@ import redis
 
 from sume_poller.store import JobStore
 from sume_poller.sweep import MIN_JOBS_PER_READ, STATUSES
+from tools.services import MotoServer
 from tools.stack.base import CREDENTIALS, EmfTotals
 from tools.stack.inprocess import InProcessStack
 
@@ -84,8 +85,8 @@ class Invocation:
 
 
 @pytest.fixture(scope="module")
-def module_stack() -> Iterator[InProcessStack]:
-    with InProcessStack(time_scale=1.0, parameters=PARAMETERS) as stack:
+def module_stack(moto_server: MotoServer) -> Iterator[InProcessStack]:
+    with InProcessStack(time_scale=1.0, parameters=PARAMETERS, moto=moto_server) as stack:
         yield stack
 
 

@@ -12,7 +12,7 @@ import pytest
 from invariants import check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, run, submit
 
-from tools.services import RedisCluster, RedisServer
+from tools.services import MotoServer, RedisCluster, RedisServer
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -34,17 +34,17 @@ def cluster() -> Iterator[RedisCluster]:
         yield c
 
 
-def test_the_system_runs_on_a_redis_cluster(cluster: RedisCluster) -> None:
-    with InProcessStack(time_scale=SCALE, env=ENV,
+def test_the_system_runs_on_a_redis_cluster(cluster: RedisCluster, moto_server: MotoServer) -> None:
+    with InProcessStack(time_scale=SCALE, env=ENV, moto=moto_server,
                         parameters={**PARAMETERS, "RedisUrl": cluster.url, "RedisMode": "cluster"}) as stack:
         ids = run_jobs(stack)
         check(stack, ids, scenario="cluster-mode Redis (3 masters), every message twice", expected="completed")
         stack.fanout()  # fan-out's pipelines and cursor on the cluster too
 
 
-def test_the_system_runs_on_a_redis_that_only_an_acl_user_may_use() -> None:
+def test_the_system_runs_on_a_redis_that_only_an_acl_user_may_use(moto_server: MotoServer) -> None:
     with RedisServer(acl_user=("sume-poller", "s3cret-" + uuid.uuid4().hex[:8])) as server, \
-            InProcessStack(time_scale=SCALE, env=ENV,
+            InProcessStack(time_scale=SCALE, env=ENV, moto=moto_server,
                            parameters={**PARAMETERS, "RedisUrl": server.url, "RedisSecretName": "redis/acl"}) as stack:
         username, password = server.credentials
         stack.client("secretsmanager").create_secret(

@@ -376,10 +376,11 @@ def test_faults_are_armed_per_command_name_and_count(proxy: FaultProxy) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto() -> Iterator[MotoServer]:
-    with MotoServer() as server:
-        yield server
+@pytest.fixture
+def moto(moto_server: MotoServer) -> Iterator[MotoServer]:
+    """This process's moto server, emptied after the test."""
+    yield moto_server
+    moto_server.reset()
 
 
 def aws_client(service: Literal["dynamodb", "sqs", "s3"], moto: MotoServer) -> Any:

@@ -18,7 +18,7 @@ import pytest
 from invariants import check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, found_by, run, submit
 
-from tools.services import free_port
+from tools.services import MotoServer, free_port
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -55,8 +55,8 @@ class Receiver:
 
 
 @pytest.fixture(scope="module")
-def module_stack() -> Iterator[tuple[InProcessStack, Receiver]]:
-    with InProcessStack(time_scale=0.02, parameters=PARAMETERS, env=ENV) as stack:
+def module_stack(moto_server: MotoServer) -> Iterator[tuple[InProcessStack, Receiver]]:
+    with InProcessStack(time_scale=0.02, parameters=PARAMETERS, env=ENV, moto=moto_server) as stack:
         receiver = Receiver(stack)
         yield stack, receiver
         receiver.server.shutdown()

@@ -81,17 +81,14 @@ def _rate_seconds(expression: str) -> float:
 
 
 def _environment_changed() -> None:
-    """What a fresh Lambda container would read from the environment: the layer's cached parts,
-    Powertools Parameters' providers (their clients and cached secrets: another stack in this
-    process may have used another endpoint and key), and Powertools Metrics' namespace and
-    service (this process may have imported the layer before the functions' environment was set)."""
-    from aws_lambda_powertools.utilities import parameters
-
+    """What a fresh Lambda container would read from the environment: the layer's cached parts
+    (settings, secrets: another stack in this process may have used another endpoint and key),
+    and Powertools Metrics' namespace and service (this process may have imported the layer
+    before the functions' environment was set)."""
     from sume_poller import runtime
     from sume_poller.observability import metrics
 
     runtime.reset()
-    parameters.clear_caches()  # type: ignore[no-untyped-call]
     metrics.namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE")
     metrics.service = os.environ.get("POWERTOOLS_SERVICE_NAME")
 
@@ -133,14 +130,17 @@ class InProcessStack(Stack):
     defaults); ``env`` sets function environment variables directly, for values the template's
     parameter limits do not allow (e.g. ``CLAIM_TTL_SECONDS`` below 31); ``fast_retry`` makes
     failed records and crashed batches visible again at once instead of after the queue's
-    visibility timeout."""
+    visibility timeout. ``moto`` is a running MotoServer to use instead of starting one (a test
+    run keeps one per process: a start costs seconds of imports); the stack resets it when it
+    starts and when it closes, so nothing else may use it meanwhile."""
 
     name = "handlers in-process on moto server"
 
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, sim_options: Mapping[str, Any] | None = None,
-                 fast_retry: bool = True, log_path: Path | None = None) -> None:
+                 fast_retry: bool = True, log_path: Path | None = None, moto: Any = None) -> None:
         super().__init__()
+        self._given_moto = moto
         self.time_scale = time_scale
         self._overrides = dict(parameters or {})
         self._env = dict(env or {})
@@ -168,7 +168,12 @@ class InProcessStack(Stack):
         self.clock = Clock(self.time_scale)
         self.api_key = "sume_local_" + uuid.uuid4().hex
         self.redis_server = stack.enter_context(RedisServer())
-        self.moto = stack.enter_context(MotoServer())
+        if self._given_moto is None:
+            self.moto = stack.enter_context(MotoServer())
+        else:
+            self.moto = self._given_moto
+            self.moto.reset()
+            stack.callback(self.moto.reset)
         self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
                                                      **self._sim_options))
         self.redis_url = self.redis_server.url
@@ -428,6 +433,11 @@ class InProcessStack(Stack):
         done = super().settled(ids)
         self._settled = None if done else (self._invocations, ids)
         return done
+
+    def cold_start(self) -> None:
+        """Every function's next invocation runs in a new container: its parts, settings, cached
+        secrets and completion-time models are built again (the state in Redis, AWS and Sume stays)."""
+        _environment_changed()
 
     def reset(self) -> None:
         self._reset_services()
