@@ -2,7 +2,7 @@
 # with "... missing: run make setup". Every service a target needs (redis-server, moto, ministack,
 # the Sume simulator) is started by the tools themselves on free 127.0.0.1 ports. No Docker.
 #
-#   make setup             the virtualenvs (uv first, then four in parallel with it) and redis-server
+#   make setup             the virtualenvs (uv's, then the four others in parallel) and redis-server
 #   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline)
 #   make build             sam build
 #   make test              lint, build and the unit, integration and e2e tiers, all at once

@@ -554,8 +554,8 @@ def test_result_shapes(client: Client) -> None:
 
 def test_read_budget_headers_429_and_budget_route(client: Client) -> None:
     client.configure(read_budget={"per_minute": 2, "per_day": 100})
+    away_from_minute_edge(client.sim)  # both creates and every read in one minute window
     job_id = client.create()
-    away_from_minute_edge(client.sim)
     created = client.api("POST", "/images/generations", {})
     assert not any(name in created.headers for name in RATE_HEADERS)  # creates: no create budget
     first = client.api("GET", f"/jobs/{job_id}")
@@ -727,6 +727,7 @@ def test_control_job_and_stats_counters(client: Client) -> None:
     stats = client.stats()
     assert stats["status_reads"] == 5 and stats["result_reads"] == 1
     assert stats["creates"] == 1 and stats["create_requests"] == 1 and stats["replays"] == 0
+    assert 0 <= stats["jobs"][job_id].pop("first_read_age") < 60
     assert stats["jobs"][job_id] == {"status_reads": 3, "result_reads": 1, "min_reads": 5, "status": "queued",
                                      "status_reads_after_terminal": 0}
     assert stats["jobs"]["job_ghost"]["status_reads"] == 2

@@ -220,7 +220,8 @@ class Model:
             jobs: dict[str, Any] = {
                 job.id: {"status_reads": job.status_reads, "result_reads": job.result_reads,
                          "min_reads": job.min_reads(), "status": job.state(now).status,
-                         "status_reads_after_terminal": job.status_reads_after_terminal}
+                         "status_reads_after_terminal": job.status_reads_after_terminal,
+                         "first_read_age": None if job.first_read is None else job.first_read - job.created}
                 for job in self._jobs.values()
             }
             for job_id, reads in self._unknown_reads.items():
