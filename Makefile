@@ -81,8 +81,9 @@ lint: $(VENV)/.installed $(SAMVENV)/.installed $(CKVENV)/.installed
 	$(SAM) validate --lint
 	$(CKVENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
+# SUME_UV: the layer's Makefile installs its packages with uv (see layers/sume_poller/Makefile).
 build: $(SAMVENV)/.installed
-	$(SAM) build
+	SUME_UV=$(CURDIR)/scripts/uv.sh $(SAM) build
 
 test-unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -m "not integration and not e2e"
