@@ -35,6 +35,11 @@ FN      ?= PollFunction
 EVENT   ?= events/submit_image.json
 export SAM_CLI_TELEMETRY := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Python writes its bytecode caches, whatever the environment says (a machine may set this to keep
+# checkouts clean; they go to ignored __pycache__ folders): a test run starts dozens of Python
+# processes that import the same packages, and compiling them anew in each cost the integration
+# tier alone about 55 of its 266 CPU-seconds.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-dev setup-e2e setup-lint redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
         models redrive logs clean
