@@ -11,6 +11,18 @@ from sume_poller.aws import reset_session
 from tools.services import MotoServer, RedisServer
 from tools.template import Provisioned, Resolver, load_template, provision
 
+#: The tier's longest modules (seconds of test time in a clean-clone CI run), run first: xdist
+#: hands each worker whole modules (--dist loadfile) in collection order, and a long module
+#: started last kept one worker busy ~30 s after the others were done. Only an ordering hint:
+#: a stale entry costs time, never a test.
+LONGEST_FIRST = ("test_faults_chains", "test_sweeps_system", "test_faults_sume", "test_schedule_learned",
+                 "test_faults_redis", "test_budget_system", "test_webhooks_system", "test_schedule_system")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order stays
+
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:

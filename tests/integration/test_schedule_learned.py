@@ -13,7 +13,9 @@ from invariants import check
 from scenario import SAFE_LEASES, SCHEDULE_PARAMETERS, SCHEDULE_SCALE, observations, stack_fixtures, submit
 
 from sume_poller.durations import MIN_OBSERVATIONS
+from sume_poller.models import ModelCache
 from sume_poller.schedule import SHORT_SCHEDULE
+from sume_poller.store import JobStore
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -35,6 +37,8 @@ def test_the_learned_schedule_places_reads_through_the_real_handler(stack: InPro
     stack.drive(lambda: stack.settled(teach), 120, fanout_every=1.0)
     assert len(observations(stack, "image")) >= MIN_OBSERVATIONS
     stack.cold_start()  # a container caches "no model yet" for 5 clock minutes; a new one reads it
+    fitted = ModelCache(JobStore(stack.outputs["JobsTableName"], 1), stack.clock.now).describe("image")
+    assert "median" in fitted, fitted  # the model the new container's submit and poll will use
     learned = submit(stack, 16, lambda i: {"duration": durations[36 + i], "hints": False})
     stack.drive(lambda: stack.settled(learned), 120, fanout_every=1.0)
     jobs = stack.sim.stats()["jobs"]
