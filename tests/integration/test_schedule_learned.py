@@ -1,7 +1,8 @@
-"""Reads placed by the learned schedule's fitted model through the real poll handler (in-process
-stack): once a kind has enough observations, its jobs' reads follow the model, all found, each once.
-How many reads the learned schedule saves over the static one is bench figure 7's (a virtual
-clock: here SQS delays are whole real seconds and a busy machine adds lag to both schedules)."""
+"""Reads placed by the learned schedule's fitted model through the real submit and poll handlers
+(in-process stack): once a kind has enough observations, its jobs' reads follow the model, all
+found, each once. How many reads that saves over the static schedule is bench figure 7's (a
+virtual clock: here SQS delays are whole real seconds and a busy machine adds lag to both
+schedules); the poller recording the observations is test_schedule_system's."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import random
 
 import pytest
 from invariants import check
-from scenario import SAFE_LEASES, SCHEDULE_PARAMETERS, SCHEDULE_SCALE, observations, stack_fixtures, submit
+from scenario import SAFE_LEASES, SCHEDULE_PARAMETERS, SCHEDULE_SCALE, stack_fixtures, submit
 
-from sume_poller.durations import MIN_OBSERVATIONS
 from sume_poller.models import ModelCache
 from sume_poller.schedule import SHORT_SCHEDULE
 from sume_poller.store import JobStore
@@ -28,18 +28,18 @@ MEDIAN = 60.0
 
 
 def test_the_learned_schedule_places_reads_through_the_real_handler(stack: InProcessStack) -> None:
-    """36 images teach the model through the handler's observations (30 are needed); the next 16
-    are read by it: no first read before 0.4 of the median (the static schedule reads at 2 s, and a
-    busy machine only makes reads later), all found, each once, within the read allowance."""
+    """Images have 45 observations, recorded as the poller's outbox records them (each seen
+    running, then finished); the next 16 are read by the fitted model: no first read before 0.4 of
+    the median (the static schedule reads at 2 s, and a busy machine only makes reads later), all
+    found, each once, within the read allowance."""
     rng = random.Random(7)
-    durations = [MEDIAN * math.exp(rng.gauss(0, 0.3)) for _ in range(52)]
-    teach = submit(stack, 36, lambda i: {"duration": durations[i], "hints": False})
-    stack.drive(lambda: stack.settled(teach), 120, fanout_every=1.0)
-    assert len(observations(stack, "image")) >= MIN_OBSERVATIONS
-    stack.cold_start()  # a container caches "no model yet" for 5 clock minutes; a new one reads it
-    fitted = ModelCache(JobStore(stack.outputs["JobsTableName"], 1), stack.clock.now).describe("image")
-    assert "median" in fitted, fitted  # the model the new container's submit and poll will use
-    learned = submit(stack, 16, lambda i: {"duration": durations[36 + i], "hints": False})
+    store = JobStore(stack.outputs["JobsTableName"], 1)
+    for i in range(45):
+        duration = MEDIAN * math.exp(rng.gauss(0, 0.3))
+        store.put_observation("image", f"job_seen_{i:02d}", 0.9 * duration, 1.05 * duration, stack.clock.now())
+    fitted = ModelCache(store, stack.clock.now).describe("image")
+    assert "median" in fitted, fitted  # the model the containers' submit and poll will fit
+    learned = submit(stack, 16, lambda i: {"duration": MEDIAN * math.exp(rng.gauss(0, 0.3)), "hints": False})
     stack.drive(lambda: stack.settled(learned), 120, fanout_every=1.0)
     jobs = stack.sim.stats()["jobs"]
     first_reads = sorted(jobs[j]["first_read_age"] for j in learned)

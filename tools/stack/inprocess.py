@@ -434,11 +434,6 @@ class InProcessStack(Stack):
         self._settled = None if done else (self._invocations, ids)
         return done
 
-    def cold_start(self) -> None:
-        """Every function's next invocation runs in a new container: its parts, settings, cached
-        secrets and completion-time models are built again (the state in Redis, AWS and Sume stays)."""
-        _environment_changed()
-
     def reset(self) -> None:
         self._reset_services()
         self.moto.reset()
