@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -150,20 +149,63 @@ def test_schedules_queues_table_bucket_and_alarms_are_deployed(
 
 # -- jobs -------------------------------------------------------------------------------------------
 
-def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(stack: DeployedStack) -> None:
+@pytest.fixture(scope="module")
+def every_ending(deployed_stack: DeployedStack) -> tuple[dict[str, str], list[str]]:
+    """One run shared by the two tests that follow it (each of its waits is half a minute): a job
+    for each terminal status Sume reports, and a burst of 24 videos that outlive JobMaxAgeSeconds
+    (30 real seconds): fan-out counts them pending, so sweeps run over them; their reads bind the
+    small read budget; they time out. ``(job by outcome, burst)``, once every one is terminal."""
+    stack = deployed_stack
+    stack.reset()
     jobs = {outcome: submit(stack, {"outcome": outcome, "duration": 3}) for outcome in OUTCOMES}
-    jobs["timed_out"] = submit(stack, {"duration": 100_000}, kind="video")
+    burst = [submit(stack, {"duration": 100_000}, kind="video") for _ in range(24)]
+    stack.drive(lambda: stack.settled([*jobs.values(), *burst]), timeout=120, fanout_every=1)
+    return jobs, burst
 
-    stack.drive(lambda: stack.settled(jobs.values()), timeout=60)
-    stack.drive(lambda: len(stack.events()) >= len(jobs) and stack.queue_depth() == 0, timeout=30)
 
-    records = {r["job_id"]: r for r in stack.records(jobs.values())}
+def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(
+        deployed_stack: DeployedStack, every_ending: tuple[dict[str, str], list[str]]) -> None:
+    stack, (jobs, burst) = deployed_stack, every_ending
+    every = [*jobs.values(), *burst]
+    stack.drive(lambda: len(stack.events()) >= len(every) and stack.queue_depth() == 0, timeout=30)
+
+    records = {r["job_id"]: r for r in stack.records(every)}
     assert {status: records[job]["status"] for status, job in jobs.items()} == {s: s for s in jobs}
-    assert Counter(e["job_id"] for e in stack.events()) == Counter(jobs.values())
+    assert {records[job]["status"] for job in burst} == {"timed_out"}
+    assert Counter(e["job_id"] for e in stack.events()) == Counter(every)
     for event in stack.events():
         assert event["status"] == records[event["job_id"]]["status"]
     assert records[jobs["completed"]]["result_json"]
     assert stack.dlq_depth() == 0
+
+
+def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
+        deployed_stack: DeployedStack, every_ending: tuple[dict[str, str], list[str]], template: Any,
+        resolver: Resolver) -> None:
+    stack = deployed_stack
+    watched = alarm_metrics(template, resolver)
+    assert watched, "no alarm on a SumePoller metric: the template changed, update this test"
+
+    def seen() -> set[str]:
+        return set(stack.metric_totals())
+
+    def wait_for(names: set[str]) -> None:
+        try:
+            stack.drive(lambda: names <= seen(), timeout=120, fanout_every=1)
+        except TimeoutError as error:
+            raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
+
+    wait_for(set().union(*watched.values()) - {"SumeAuthFailed"})  # the shared run's metrics
+
+    # Last, as it pauses every read: Sume refuses the key for a job registered after the switch.
+    job_id = stack.sim.seed_job("image", {"duration": 100_000})
+    stack.sim.configure(api_key="sume_not_the_stored_key")
+    assert stack.submit({"kind": "image", "job_id": job_id})["status"] == "registered"
+    wait_for({"SumeAuthFailed"})
+
+    emitted = seen()
+    missing = {lid: sorted(names - emitted) for lid, names in watched.items() if names - emitted}
+    assert not missing, f"alarms on metrics no deployed function emitted: {missing}"
 
 
 def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
@@ -190,38 +232,6 @@ def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_repl
     assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
     assert stats["rate_limited"] < 0.01 * served, (stats["rate_limited"], served)
     assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
-
-
-def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
-        stack: DeployedStack, template: Any, resolver: Resolver) -> None:
-    watched = alarm_metrics(template, resolver)
-    assert watched, "no alarm on a SumePoller metric: the template changed, update this test"
-
-    # A burst of jobs that outlive JobMaxAgeSeconds (30 real seconds): fan-out counts them
-    # pending, so sweeps run over them; their reads bind the small read budget; they time out.
-    burst = [submit(stack, {"duration": 100_000}, kind="video") for _ in range(24)]
-
-    def seen() -> set[str]:
-        return set(stack.metric_totals())
-
-    def wait_for(names: set[str], until: Callable[[], bool] = lambda: True) -> None:
-        try:
-            stack.drive(lambda: names <= seen() and until(), timeout=120, fanout_every=1)
-        except TimeoutError as error:
-            raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
-
-    wait_for(set().union(*watched.values()) - {"SumeAuthFailed"}, lambda: stack.settled(burst))
-    assert {r["status"] for r in stack.records(burst)} == {"timed_out"}
-
-    # Last, as it pauses every read: Sume refuses the key for a job registered after the switch.
-    job_id = stack.sim.seed_job("image", {"duration": 100_000})
-    stack.sim.configure(api_key="sume_not_the_stored_key")
-    assert stack.submit({"kind": "image", "job_id": job_id})["status"] == "registered"
-    wait_for({"SumeAuthFailed"})
-
-    emitted = seen()
-    missing = {lid: sorted(names - emitted) for lid, names in watched.items() if names - emitted}
-    assert not missing, f"alarms on metrics no deployed function emitted: {missing}"
 
 
 # -- operator commands --------------------------------------------------------------------------------
