@@ -61,7 +61,7 @@ $(VENV)/.installed: requirements-dev.txt layers/sume_poller/requirements.txt \
 $(SAMVENV)/.installed: scripts/requirements-sam.txt $(UVVENV)/.installed
 	$(call venv,$(SAMVENV),-r scripts/requirements-sam.txt)
 
-# ministack pins botocore exactly: one pip command, so the pin holds.
+# ministack pins botocore exactly: one install command, so the pin holds.
 $(MSVENV)/.installed: scripts/requirements-ministack.txt $(UVVENV)/.installed
 	$(call venv,$(MSVENV),-r scripts/requirements-ministack.txt)
 

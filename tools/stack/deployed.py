@@ -64,7 +64,8 @@ from tools.stack.base import (
 
 MINISTACK = ROOT / ".venv-ministack" / "bin" / "ministack"
 SAM = ROOT / ".venv-sam" / "bin" / "sam"
-UV_WRAPPER = ROOT / "scripts" / "uv.sh"
+UV = ROOT / ".venv-uv" / "bin" / "uv"
+UV_WRAPPER = ROOT / "scripts" / "uv.sh"  # uv with pip's index configuration
 ARTIFACT_BUCKET = "sume-poller-artifacts"
 BUILD_TIMEOUT_S = 600.0
 DEPLOY_TIMEOUT_S = 600.0
@@ -171,7 +172,7 @@ def _file_lock(name: str) -> Iterator[None]:
 
 def _sam(args: list[str], endpoint_url: str | None, timeout: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SAM_CLI_TELEMETRY": "0", **CREDENTIALS}
-    if (ROOT / ".venv-uv" / "bin" / "uv").exists():  # the layer installed with uv (layers/sume_poller/Makefile)
+    if UV.exists():  # the layer's packages installed with uv (layers/sume_poller/Makefile)
         env["SUME_UV"] = str(UV_WRAPPER)
     env.pop("AWS_PROFILE", None)
     env.pop("AWS_ENDPOINT_URL", None)

@@ -39,7 +39,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from tools.stack.base import (
     CREDENTIALS,
@@ -57,6 +57,9 @@ from tools.stack.base import (
     stack_parameters,
     wait_until,
 )
+
+if TYPE_CHECKING:
+    from tools.services import MotoServer
 
 #: Suffix of the copy of a message that ``duplicate=True`` delivers in the same batch.
 DUPLICATE_SUFFIX = "-dup"
@@ -138,7 +141,7 @@ class InProcessStack(Stack):
 
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, sim_options: Mapping[str, Any] | None = None,
-                 fast_retry: bool = True, log_path: Path | None = None, moto: Any = None) -> None:
+                 fast_retry: bool = True, log_path: Path | None = None, moto: MotoServer | None = None) -> None:
         super().__init__()
         self._given_moto = moto
         self.time_scale = time_scale
