@@ -149,6 +149,32 @@ def test_schedules_queues_table_bucket_and_alarms_are_deployed(
 
 # -- jobs -------------------------------------------------------------------------------------------
 
+def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
+    """Sume enforces 20 reads a minute where the stack was deployed with ReadsPerMinute=30: its
+    RateLimit-* headers and first 429s tighten the shared limiter for every poller, so a burst of
+    30 short jobs all finish (within JobMaxAgeSeconds) with 429s under 1 % of the attempts, and a
+    job seen terminal is never read for status again (the livelock this prevents: each retry
+    re-read the status and lost its result fetch to a 429)."""
+    warm = submit(stack, {"duration": 1})  # ministack's first Lambda start takes minutes of a 20x clock
+    stack.drive(lambda: stack.settled([warm]), timeout=60)
+    stack.reset()
+    stack.sim.configure(read_budget={"per_minute": 20})
+    # One at a time: concurrent submits make ministack start a Lambda container each, and each
+    # cold start costs clock minutes on a 20x clock.
+    jobs = [submit(stack, {"duration": 1}) for _ in range(30)]
+
+    stack.drive(lambda: stack.settled(jobs), timeout=240)
+
+    records = stack.records(jobs)
+    assert {r["status"] for r in records} == {"completed"} and all(r.get("result_json") for r in records)
+    stats = stack.sim.stats()
+    per_job = [stats["jobs"][j] for j in jobs]
+    served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
+    assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
+    assert stats["rate_limited"] < 0.01 * served, (stats["rate_limited"], served)
+    assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
+
+
 @pytest.fixture(scope="module")
 def every_ending(deployed_stack: DeployedStack) -> tuple[dict[str, str], list[str]]:
     """One run shared by the two tests that follow it (each of its waits is half a minute): a job
@@ -206,32 +232,6 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
     emitted = seen()
     missing = {lid: sorted(names - emitted) for lid, names in watched.items() if names - emitted}
     assert not missing, f"alarms on metrics no deployed function emitted: {missing}"
-
-
-def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
-    """Sume enforces 20 reads a minute where the stack was deployed with ReadsPerMinute=30: its
-    RateLimit-* headers and first 429s tighten the shared limiter for every poller, so a burst of
-    30 short jobs all finish (within JobMaxAgeSeconds) with 429s under 1 % of the attempts, and a
-    job seen terminal is never read for status again (the livelock this prevents: each retry
-    re-read the status and lost its result fetch to a 429)."""
-    warm = submit(stack, {"duration": 1})  # ministack's first Lambda start takes minutes of a 20x clock
-    stack.drive(lambda: stack.settled([warm]), timeout=60)
-    stack.reset()
-    stack.sim.configure(read_budget={"per_minute": 20})
-    # One at a time: concurrent submits make ministack start a Lambda container each, and each
-    # cold start costs clock minutes on a 20x clock.
-    jobs = [submit(stack, {"duration": 1}) for _ in range(30)]
-
-    stack.drive(lambda: stack.settled(jobs), timeout=240)
-
-    records = stack.records(jobs)
-    assert {r["status"] for r in records} == {"completed"} and all(r.get("result_json") for r in records)
-    stats = stack.sim.stats()
-    per_job = [stats["jobs"][j] for j in jobs]
-    served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
-    assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
-    assert stats["rate_limited"] < 0.01 * served, (stats["rate_limited"], served)
-    assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
 
 
 # -- operator commands --------------------------------------------------------------------------------
