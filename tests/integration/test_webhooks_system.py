@@ -80,12 +80,16 @@ def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack:
                         list={"route": "missing"})
     warm_up = submit(stack, 2, {"duration": 60, "hints": False, "steps": 1}, kind="video")
     run(stack, warm_up, timeout=30)
+    # Loss and duplication are drawn when a job is created, from the simulator's seeded RNG; the
+    # warm-up's reads consume a machine-dependent share of it, so it is seeded again here: the
+    # same deliveries are lost in every run (a few of the 12: a run that lost none failed once).
+    stack.sim.configure(seed=11)
     ids = submit(stack, 12, lambda i: {"duration": 200 + 60 * i, "hints": False}, kind="video")
     run(stack, ids, timeout=90)
     check(stack, ids, scenario="webhooks, 30 % lost, 20 % duplicated", expected="completed", allowance=50)
     by = found_by(stack, ids)
     assert by["webhook"] > 0, by
-    assert stack.sim.stats()["webhooks"]["lost"] > 0
+    assert stack.sim.stats()["webhooks"]["lost"] > 0, stack.sim.stats()["webhooks"]
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] == 1 for j in ids)
     status_reads = sum(jobs[j]["status_reads"] for j in ids) / len(ids)
