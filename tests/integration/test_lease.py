@@ -17,6 +17,11 @@ def lease(rdb: redis.Redis) -> LeaseStore:
     return LeaseStore(rdb, prefix="t:lease:")
 
 
+def claim(lease: LeaseStore, job_id: str, step: Step) -> Claim:
+    """``step`` claims the job's lease (a fresh chain of its own nonce if the lease is free)."""
+    return lease.claim(job_id, step, Step(new_token(), 0, step.nonce), TTL)
+
+
 def steps(seq: int = 0) -> tuple[Step, Step]:
     nonce = new_nonce()
     return Step(new_token(), seq, nonce), Step(new_token(), 0, nonce)
@@ -26,12 +31,12 @@ def test_a_chain_walks_start_claim_rest_claim_release(lease: LeaseStore, rdb: re
     token = new_token()
     assert lease.start("job_a", token, TTL)
     first = Step(token, 0, new_nonce())
-    assert lease.claim("job_a", first, Step(new_token(), 0, first.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_a", first) is Claim.OWN
     assert rdb.get("t:lease:job_a") == first.claimed
     assert lease.rest("job_a", first, TTL)
     assert rdb.get("t:lease:job_a") == f"{token}:1"
     second = Step(token, 1, new_nonce())
-    assert lease.claim("job_a", second, Step(new_token(), 0, second.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_a", second) is Claim.OWN
     assert lease.release("job_a", second.claimed)
     assert rdb.get("t:lease:job_a") is None
 
@@ -46,7 +51,7 @@ def test_every_operation_is_safe_to_repeat(lease: LeaseStore, rdb: redis.Redis) 
     assert lease.claim("job_r", step, fresh, TTL) is Claim.OWN
     assert lease.rest("job_r", step, TTL) and lease.rest("job_r", step, TTL)
     nxt = Step(token, 1, new_nonce())
-    assert lease.claim("job_r", nxt, Step(new_token(), 0, nxt.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_r", nxt) is Claim.OWN
     assert lease.release("job_r", nxt.claimed) and lease.release("job_r", nxt.claimed)
     # A free lease taken as a fresh chain, claimed again with the same arguments: still ours.
     step, fresh = steps()
@@ -59,11 +64,11 @@ def test_a_duplicate_delivery_of_the_same_step_is_refused(lease: LeaseStore) -> 
     token = new_token()
     lease.start("job_d", token, TTL)
     first, copy = Step(token, 0, new_nonce()), Step(token, 0, new_nonce())
-    assert lease.claim("job_d", first, Step(new_token(), 0, first.nonce), TTL) is Claim.OWN
-    assert lease.claim("job_d", copy, Step(new_token(), 0, copy.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_d", first) is Claim.OWN
+    assert claim(lease, "job_d", copy) is Claim.HELD
     assert lease.rest("job_d", first, TTL)
     # ... and after the chain moved on, the late copy of step 0 still cannot act.
-    assert lease.claim("job_d", copy, Step(new_token(), 0, copy.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_d", copy) is Claim.HELD
 
 
 def test_a_free_lease_starts_a_new_chain_so_a_stale_message_cannot_renew_it(lease: LeaseStore,
@@ -78,7 +83,7 @@ def test_a_free_lease_starts_a_new_chain_so_a_stale_message_cannot_renew_it(leas
     assert lease.claim("job_s", late, fresh, TTL) is Claim.FRESH
     assert rdb.get("t:lease:job_s") == fresh.claimed
     real_next = Step(old, 4, new_nonce())
-    assert lease.claim("job_s", real_next, Step(new_token(), 0, real_next.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_s", real_next) is Claim.HELD
 
 
 def test_a_chain_that_moved_on_without_redis_takes_back_its_own_older_lease(lease: LeaseStore,
@@ -86,9 +91,9 @@ def test_a_chain_that_moved_on_without_redis_takes_back_its_own_older_lease(leas
     token = new_token()
     rdb.set("t:lease:job_o", f"{token}:2", px=TTL)
     later = Step(token, 5, new_nonce())
-    assert lease.claim("job_o", later, Step(new_token(), 0, later.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_o", later) is Claim.OWN
     other = Step(new_token(), 9, new_nonce())
-    assert lease.claim("job_o", other, Step(new_token(), 0, other.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_o", other) is Claim.HELD
 
 
 def test_release_and_rest_never_touch_another_chains_lease(lease: LeaseStore, rdb: redis.Redis) -> None:
@@ -129,10 +134,10 @@ def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore
     rdb.set("t:lease:job_w", f"{token}:4", px=TTL)
     assert lease.hand_over("job_w", new_token(), TTL) == (token, 5, None)
     waiting = Step(token, 4, new_nonce())  # the chain's queued message finds the job taken
-    assert lease.claim("job_w", waiting, Step(new_token(), 0, waiting.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_w", waiting) is Claim.HELD
     assert rdb.get("t:lease:job_w") == f"{token}:5*"
     finishing = Step(token, 5, new_nonce())
-    assert lease.claim("job_w", finishing, Step(new_token(), 0, finishing.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_w", finishing) is Claim.OWN
     assert lease.hand_over("job_w", new_token(), TTL) is None  # mid-poll: left alone
     rdb.set("t:lease:job_h", f"{token}:7*", px=TTL)
     assert lease.hand_over("job_h", new_token(), TTL) is None  # handed over already: keeps its place
@@ -145,12 +150,12 @@ def test_a_chain_waiting_to_fetch_a_result_rests_as_finishing_and_is_not_handed_
     token = new_token()
     rdb.set("t:lease:job_r", f"{token}:2", px=TTL)
     step = Step(token, 2, new_nonce())
-    assert lease.claim("job_r", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_r", step) is Claim.OWN
     assert lease.rest("job_r", step, TTL, finishing=True)  # it saw the job finished: the result next
     assert rdb.get("t:lease:job_r") == f"{token}:3*"
     assert lease.hand_over("job_r", new_token(), TTL) is None  # a sweep leaves it its reserved slot
     nxt = Step(token, 3, new_nonce())
-    assert lease.claim("job_r", nxt, Step(new_token(), 0, nxt.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_r", nxt) is Claim.OWN
 
 
 def test_a_step_waiting_on_a_reserved_read_slot_passes_it_to_whoever_takes_its_place(lease: LeaseStore,
@@ -158,12 +163,12 @@ def test_a_step_waiting_on_a_reserved_read_slot_passes_it_to_whoever_takes_its_p
     token = new_token()
     rdb.set("t:lease:job_s", f"{token}:1", px=TTL)
     step = Step(token, 1, new_nonce())
-    assert lease.claim("job_s", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert claim(lease, "job_s", step) is Claim.OWN
     assert lease.rest("job_s", step, TTL, slot=1_800_000_123.456)  # step 2 waits for its read slot
     assert rdb.get("t:lease:job_s") == f"{token}:2@1800000123456"
     waiting = Step(token, 2, new_nonce())
-    assert lease.claim("job_s", waiting, Step(new_token(), 0, waiting.nonce), TTL) is Claim.OWN  # it may act
+    assert claim(lease, "job_s", waiting) is Claim.OWN  # it may act
     assert lease.rest("job_s", waiting, TTL, slot=1_800_000_200.0)
     assert lease.hand_over("job_s", new_token(), TTL) == (token, 4, 1_800_000_200.0)  # the slot goes with it
     late = Step(token, 3, new_nonce())  # the fenced step never reads, so the slot is used once
-    assert lease.claim("job_s", late, Step(new_token(), 0, late.nonce), TTL) is Claim.HELD
+    assert claim(lease, "job_s", late) is Claim.HELD
