@@ -536,6 +536,22 @@ def test_result_of_failed_job_is_409(client: Client) -> None:
     assert assert_envelope(resp, 409, "result_not_ready")["error"]["details"]["status"] == "failed"
 
 
+def test_result_not_ready_status_from_config_and_directive(client: Client) -> None:
+    assert client.configure(result_not_ready=425)["result_not_ready"] == 425
+    early = client.create(path="/videos/generations", sim={"duration": 0, "result_delay": 600})
+    assert_envelope(client.api("GET", f"/jobs/{early}/result"), 425, "result_not_ready")
+    hidden = client.create(sim={"duration": 0, "result_delay": 600, "result_not_ready": 404})
+    assert_envelope(client.api("GET", f"/jobs/{hidden}/result"), 404, "not_found")
+    assert client.job_info(hidden)["spec"]["result_not_ready"] == 404
+    failed = client.create(sim={"duration": 0, "outcome": "failed"})
+    assert_envelope(client.api("GET", f"/jobs/{failed}/result"), 409, "result_not_ready")
+    rejected = client.ctl("POST", "/config", {"result_not_ready": 410})
+    assert rejected.status == 400 and rejected.json()["error"]["details"] == {"field": "result_not_ready"}
+    bad = client.api("POST", "/images/generations", {"sim": {"result_not_ready": "404"}})
+    assert assert_envelope(bad, 400, "bad_request")["error"]["details"] == {"field": "result_not_ready"}
+    assert client.ctl("GET", "/config").json()["result_not_ready"] == 425
+
+
 def test_result_shapes(client: Client) -> None:
     def result(shape: str) -> urllib3.BaseHTTPResponse:
         resp = client.api("GET", f"/jobs/{client.create(sim={'duration': 0, 'result_shape': shape})}/result")

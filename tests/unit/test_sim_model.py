@@ -400,6 +400,42 @@ def test_large_result_default_size() -> None:
     assert len(render(model.read_result(req(), job_id)).body) > 400_000
 
 
+@pytest.mark.parametrize(("status", "code"), [(404, "not_found"), (409, "result_not_ready"),
+                                              (425, "result_not_ready")])
+def test_result_not_ready_answer_is_configurable(status: int, code: str) -> None:
+    model, wall = make(result_not_ready=status)
+    waiting = model.seed_job("video", {"duration": 2, "result_delay": 5})
+    failed = model.seed_job("image", {"duration": 0, "outcome": "failed"})
+    for _ in range(2):  # while running, then completed and not ready
+        reply = model.read_result(req(), waiting)
+        assert reply.status == status and reply.body["error"]["code"] == code
+        assert set(reply.body) == {"error", "request_id"}
+        wall.advance(3)
+    assert reply.body["error"]["details"] == {"status": "completed", "terminal": True}
+    never = model.read_result(req(), failed)  # a failure never has a result: 409 whatever the mode
+    assert (never.status, never.body["error"]["code"]) == (409, "result_not_ready")
+    wall.advance(2)
+    assert model.read_result(req(), waiting).status == 200
+
+
+def test_result_not_ready_per_job_directive_and_validation() -> None:
+    model, _ = make()
+    assert model.config.result_not_ready == 409 and model.config.to_dict()["result_not_ready"] == 409
+    early = model.seed_job("image", {"duration": 0, "result_delay": 5, "result_not_ready": 425})
+    plain = model.seed_job("image", {"duration": 0, "result_delay": 5})
+    model.configure(result_not_ready=404)
+    assert model.read_result(req(), early).status == 425  # the job's directive wins over the config
+    assert model.read_result(req(), plain).status == 404
+    assert info(model, early)["spec"]["result_not_ready"] == 425
+    for bad in (400, 410, "425", True, None):
+        with pytest.raises(SpecError) as err:
+            model.configure(result_not_ready=bad)
+        assert err.value.field_name == "result_not_ready"
+        with pytest.raises(SpecError) as err:
+            parse_spec("image", {"result_not_ready": bad if bad is not None else 0})
+        assert err.value.field_name == "result_not_ready"
+
+
 # ---------------------------------------------------------------------------- list
 
 

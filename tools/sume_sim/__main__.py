@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of each enforced read window another client of the key spends")
     add("--not-found-for", type=float, default=0.0, help="read-after-create 404 lag of new jobs")
     add("--key-forbidden", action="store_true", help="answer every public call 403 forbidden")
+    add("--result-not-ready", type=int, choices=(404, 409, 425), default=409,
+        help="status of a result read before the result is ready (default 409)")
     add("--list", type=_json_object, default=None, metavar="JSON",
         help='list mode, e.g. \'{"fields": "full", "order": "newest_first", "cursor": true}\'')
     add("--webhooks", type=_json_object, default=None, metavar="JSON",
@@ -83,6 +85,7 @@ def make_simulator(args: argparse.Namespace) -> SumeSimulator:
         other_consumer_share=args.other_consumer_share,
         not_found_for=args.not_found_for,
         key_forbidden=args.key_forbidden,
+        result_not_ready=args.result_not_ready,
         list_config=args.list,
         webhooks=args.webhooks,
     )

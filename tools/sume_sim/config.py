@@ -15,12 +15,14 @@ from typing import Any
 
 from tools.sume_sim.spec import (
     DEFAULT_DURATION,
+    RESULT_NOT_READY_STATUSES,
     SpecError,
     check_bool,
     check_choice,
     check_int,
     check_keys,
     check_number,
+    check_status_choice,
 )
 
 DEFAULT_API_KEY = "sume_test_key"
@@ -98,6 +100,7 @@ class Config:
     other_consumer_share: float = 0.0
     not_found_for: float = 0.0
     key_forbidden: bool = False
+    result_not_ready: int = 409
     listing: ListMode = field(default_factory=ListMode)  # the "list" field
     webhooks: Webhooks = field(default_factory=Webhooks)
 
@@ -105,7 +108,8 @@ class Config:
         data = {
             name: getattr(self, name)
             for name in ("api_key", "hints", "exact_hints", "latency_ms", "time_scale", "error_rate_5xx",
-                         "malformed_rate", "seed", "other_consumer_share", "not_found_for", "key_forbidden")
+                         "malformed_rate", "seed", "other_consumer_share", "not_found_for", "key_forbidden",
+                         "result_not_ready")
         }
         return {
             **data,
@@ -201,6 +205,8 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "malformed_rate": ("malformed_rate", lambda v: check_number(v, "malformed_rate", 0.0, 1.0)),
     "other_consumer_share": ("other_consumer_share", lambda v: check_number(v, "other_consumer_share", 0.0, 1.0)),
     "not_found_for": ("not_found_for", lambda v: check_number(v, "not_found_for")),
+    "result_not_ready": ("result_not_ready",
+                         lambda v: check_status_choice(v, "result_not_ready", RESULT_NOT_READY_STATUSES)),
     "seed": ("seed", _seed),
     "read_budget": ("read_budget", lambda v: _budget(v, "read_budget")),
     "create_budget": ("create_budget", lambda v: _budget(v, "create_budget")),

@@ -333,7 +333,9 @@ class Model:
             return read.answer.json(200, {"job": view}, delay=_slow_ms(fault))
 
     def read_result(self, req: Request, job_id: str) -> Reply:
-        """``GET /jobs/{id}/result``: 200 in the job's result shape once ready, else 409."""
+        """``GET /jobs/{id}/result``: 200 in the job's result shape once ready; while a result may still
+        come (active, or completed and not ready) the job's or config's ``result_not_ready`` status
+        (404 ``not_found``, 409 or 425 ``result_not_ready``); 409 for a job that never has one."""
         with self._lock:
             read = self._open_read(req, job_id, "result_reads")
             if read.refusal is not None:
@@ -346,7 +348,11 @@ class Model:
             state = job.state(read.now)
             if not (state.success and state.result_ready):
                 details = {"status": state.status, "terminal": state.terminal}
-                return read.answer.error(409, "result_not_ready", f"result of job {job_id} is not available", details)
+                status = 409
+                if state.success or not state.terminal:
+                    status = job.spec.result_not_ready or self._config.result_not_ready
+                code = "not_found" if status == 404 else "result_not_ready"
+                return read.answer.error(status, code, f"result of job {job_id} is not available", details)
             return read.answer.value(200, job.result_body(read.answer.request_id), delay=_slow_ms(fault))
 
     def list_jobs(self, req: Request, query: Mapping[str, list[str]]) -> Reply:

@@ -50,6 +50,7 @@ class SumeSimulator:
         other_consumer_share: float = 0.0,
         not_found_for: float = 0.0,
         key_forbidden: bool = False,
+        result_not_ready: int = 409,
         list_config: dict[str, Any] | None = None,
         webhooks: dict[str, Any] | None = None,
         clock: Clock | None = None,
@@ -61,7 +62,8 @@ class SumeSimulator:
             "error_rate_5xx": error_rate_5xx, "malformed_rate": malformed_rate, "seed": seed,
             "exact_hints": exact_hints, "read_budget": read_budget, "create_budget": create_budget,
             "other_consumer_share": other_consumer_share, "not_found_for": not_found_for,
-            "key_forbidden": key_forbidden, "list": list_config, "webhooks": webhooks,
+            "key_forbidden": key_forbidden, "result_not_ready": result_not_ready, "list": list_config,
+            "webhooks": webhooks,
         }
         if rate_limit_per_minute is not None:
             changes["rate_limit_per_minute"] = rate_limit_per_minute

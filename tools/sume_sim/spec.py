@@ -45,6 +45,8 @@ FAILURE_CODES: dict[str, str] = {
 ID_SHAPES = ("job.id", "job_id", "job_ids")
 RESULT_SHAPES = ("object", "list", "string", "large")
 DEFAULT_RESULT_BYTES = 400_000
+#: HTTP statuses the result route may answer while a result is not ready yet (409 is the default).
+RESULT_NOT_READY_STATUSES = (404, 409, 425)
 _FAULT_RE = re.compile(r"^(?:malformed|html|empty|slow:\d+|[45]\d\d(?::\d+)?)$")
 
 
@@ -87,6 +89,14 @@ def check_choice(value: Any, name: str, choices: Iterable[str], prefix: str = ""
     if value not in options:
         raise SpecError(f"{prefix}{name} must be one of {', '.join(options)}", name)
     return str(value)
+
+
+def check_status_choice(value: Any, name: str, choices: Iterable[int], prefix: str = "") -> int:
+    """An HTTP status (an integer, not a boolean) among ``choices``."""
+    options = tuple(choices)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in options:
+        raise SpecError(f"{prefix}{name} must be one of {', '.join(map(str, options))}", name)
+    return value
 
 
 def check_keys(raw: Any, allowed: Iterable[str], name: str) -> dict[str, Any]:
@@ -133,6 +143,7 @@ class JobSpec:
     result_shape: str = "object"
     result_bytes: int = DEFAULT_RESULT_BYTES
     terminal_flag: bool | None = None
+    result_not_ready: int | None = None  # None: the config's default
 
     @property
     def success(self) -> bool:
@@ -156,7 +167,7 @@ SPEC_FIELDS = frozenset(
     {
         "outcome", "duration", "steps", "result_delay", "status_override", "faults", "result_faults",
         "hints", "id_shape", "count", "insufficient_credits", "create_faults", "not_found_for",
-        "forbidden", "result_shape", "result_bytes", "terminal_flag",
+        "forbidden", "result_shape", "result_bytes", "terminal_flag", "result_not_ready",
     }
 )
 
@@ -185,6 +196,7 @@ def parse_spec(kind: str, raw: Any) -> JobSpec:
     id_shape = check_choice(raw.get("id_shape", "job_ids" if kind == "face_swap" else "job.id"),
                             "id_shape", ID_SHAPES, "sim.")
     not_found_for = raw.get("not_found_for")
+    not_ready = raw.get("result_not_ready")
     return JobSpec(
         outcome=outcome,
         duration=check_number(raw.get("duration", DEFAULT_DURATION.get(kind, 3.0)), "duration", prefix="sim."),
@@ -204,4 +216,6 @@ def parse_spec(kind: str, raw: Any) -> JobSpec:
         result_shape=check_choice(raw.get("result_shape", "object"), "result_shape", RESULT_SHAPES, "sim."),
         result_bytes=check_int(raw.get("result_bytes", DEFAULT_RESULT_BYTES), "result_bytes", 1, 50_000_000, "sim."),
         terminal_flag=_optional_bool(raw, "terminal_flag"),
+        result_not_ready=None if not_ready is None else check_status_choice(
+            not_ready, "result_not_ready", RESULT_NOT_READY_STATUSES, "sim."),
     )
