@@ -552,6 +552,20 @@ def test_result_not_ready_status_from_config_and_directive(client: Client) -> No
     assert client.ctl("GET", "/config").json()["result_not_ready"] == 425
 
 
+def test_status_reads_waiting_for_the_result_are_not_after_terminal(client: Client) -> None:
+    job_id = client.create(path="/videos/generations", sim={"duration": 0, "result_delay": 0.3})
+    first = client.status(job_id)
+    assert (first["status"], first["terminal"], first["result_ready"]) == ("completed", True, False)
+    wait_for(lambda: client.status(job_id)["result_ready"], what="the result to be ready")
+    assert client.job_info(job_id)["status_reads_after_terminal"] == 0
+    client.status(job_id)
+    assert client.stats()["jobs"][job_id]["status_reads_after_terminal"] == 1
+    failed = client.create(sim={"duration": 0, "outcome": "failed", "hints": False})
+    client.status(failed)
+    client.status(failed)
+    assert client.stats()["jobs"][failed]["status_reads_after_terminal"] == 1
+
+
 def test_result_shapes(client: Client) -> None:
     def result(shape: str) -> urllib3.BaseHTTPResponse:
         resp = client.api("GET", f"/jobs/{client.create(sim={'duration': 0, 'result_shape': shape})}/result")

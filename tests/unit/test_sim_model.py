@@ -134,6 +134,63 @@ def test_min_reads_counts_changes_ahead_of_the_first_read() -> None:
     assert model.stats()["jobs"][lagging]["min_reads"] == 4  # the 404 read, then 3 from the lag's end
 
 
+def after_terminal(model: Model, job_id: str) -> int:
+    return int(model.stats()["jobs"][job_id]["status_reads_after_terminal"])
+
+
+def test_status_reads_while_the_result_is_not_ready_are_not_after_terminal() -> None:
+    model, wall = make()
+    job_id = model.seed_job("video", {"duration": 2, "steps": 1, "result_delay": 5})
+    wall.advance(2.5)
+    for _ in range(3):  # completed, result_ready false: reading the status again is how to wait
+        done = view(model, job_id)
+        assert (done["status"], done["result_ready"]) == ("completed", False)
+    assert after_terminal(model, job_id) == 0
+    wall.advance(5)
+    assert view(model, job_id)["result_ready"] is True
+    assert after_terminal(model, job_id) == 0  # the read that saw the result ready is not after it
+    view(model, job_id)
+    model.read_status(req(), job_id)
+    assert after_terminal(model, job_id) == 2 and info(model, job_id)["status_reads_after_terminal"] == 2
+    assert model.stats()["jobs"][job_id]["min_reads"] == 2  # the first read and the result becoming ready
+
+
+@pytest.mark.parametrize("outcome", ["failed", "canceled", "expired", "mystery"])
+def test_a_failure_is_all_a_client_needs(outcome: str) -> None:
+    model, _ = make()
+    job_id = model.seed_job("image", {"duration": 0, "outcome": outcome, "result_delay": 5})
+    view(model, job_id)
+    assert after_terminal(model, job_id) == 0
+    view(model, job_id)
+    assert after_terminal(model, job_id) == 1
+
+
+@pytest.mark.parametrize("where", ["job", "config"])
+def test_without_hints_one_terminal_answer_is_all_a_client_needs(where: str) -> None:
+    model, wall = make(hints=where == "job")
+    spec = {"duration": 6, "steps": 2, "result_delay": 5, **({"hints": False} if where == "job" else {})}
+    job_id = model.seed_job("video", spec)
+    wall.advance(4)
+    assert "result_ready" not in view(model, job_id)
+    assert model.stats()["jobs"][job_id]["min_reads"] == 2  # the first read and the completion at 6
+    wall.advance(3)
+    assert view(model, job_id)["status"] == "completed"  # the result is not ready, but nothing says so
+    view(model, job_id)
+    assert after_terminal(model, job_id) == 1
+    model.configure(hints=True)
+    if where == "config":  # replies carry hints again: readiness is a change the client can see
+        assert model.stats()["jobs"][job_id]["min_reads"] == 3
+
+
+def test_an_overridden_status_is_not_a_terminal_answer() -> None:
+    model, _ = make()
+    job_id = model.seed_job("image", {"duration": 0, "status_override": {"status": "mystery", "reads": 2}})
+    assert [view(model, job_id)["status"] for _ in range(3)] == ["mystery", "mystery", "completed"]
+    assert after_terminal(model, job_id) == 0
+    view(model, job_id)
+    assert after_terminal(model, job_id) == 1
+
+
 @pytest.mark.parametrize(("outcome", "code"), [("failed", "generation_failed"), ("canceled", "canceled"),
                                                ("expired", "expired"), ("mystery", None)])
 def test_failure_outcomes(outcome: str, code: str | None) -> None:

@@ -219,7 +219,7 @@ class Model:
             now = self.clock.now()
             jobs: dict[str, Any] = {
                 job.id: {"status_reads": job.status_reads, "result_reads": job.result_reads,
-                         "min_reads": job.min_reads(), "status": job.state(now).status,
+                         "min_reads": job.min_reads(self._hints(job)), "status": job.state(now).status,
                          "status_reads_after_terminal": job.status_reads_after_terminal,
                          "first_read_age": None if job.first_read is None else job.first_read - job.created}
                 for job in self._jobs.values()
@@ -237,7 +237,9 @@ class Model:
             return {
                 "id": job.id, "kind": job.kind, "type": job.sume_type, "status": state.status,
                 "terminal": state.terminal, "result_ready": state.result_ready,
-                "status_reads": job.status_reads, "result_reads": job.result_reads, "min_reads": job.min_reads(),
+                "status_reads": job.status_reads, "result_reads": job.result_reads,
+                "min_reads": job.min_reads(self._hints(job)),
+                "status_reads_after_terminal": job.status_reads_after_terminal,
                 "terminal_status": job.spec.outcome,
                 "faults_remaining": list(job.spec.faults[job.fault_cursor:]),
                 "result_faults_remaining": list(job.spec.result_faults[job.result_fault_cursor:]),
@@ -327,9 +329,12 @@ class Model:
             fault = job.take_fault() or self._random_fault()
             if fault is not None and not fault.startswith("slow:"):
                 return read.answer.fault(fault, job_id)
-            hints = self._config.hints if job.spec.hints is None else job.spec.hints
-            view = job.view(read.now, hints=hints, exact=self._config.exact_hints, override=job.take_override())
-            job.terminal_served = job.terminal_served or job.state(read.now).terminal
+            hints = self._hints(job)
+            override = job.take_override()
+            view = job.view(read.now, hints=hints, exact=self._config.exact_hints, override=override)
+            state = job.state(read.now)
+            if override is None and state.terminal and (not state.success or state.result_ready or not hints):
+                job.terminal_served = True  # later status reads are "after terminal"
             return read.answer.json(200, {"job": view}, delay=_slow_ms(fault))
 
     def read_result(self, req: Request, job_id: str) -> Reply:
@@ -531,6 +536,10 @@ class Model:
             job.first_read = now
         if counter == "status_reads" and job.terminal_served:
             job.status_reads_after_terminal += 1
+
+    def _hints(self, job: Job) -> bool:
+        """Whether the job's status replies carry hints (its own switch, else the config's)."""
+        return self._config.hints if job.spec.hints is None else job.spec.hints
 
     def _random_fault(self) -> str | None:
         config = self._config

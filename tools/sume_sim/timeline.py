@@ -63,7 +63,9 @@ class Job:
     result_fault_cursor: int = 0
     override_served: int = 0
     first_read: float | None = None  # clock time of the first status read
-    terminal_served: bool = False  # a status read was answered with the job's terminal status
+    #: A status read answered the job's terminal status (no override) and with it all a client needs:
+    #: a failure, a ready result, or no hints (then readiness cannot be read from the status).
+    terminal_served: bool = False
     status_reads_after_terminal: int = 0  # status reads that came after that answer
 
     @property
@@ -110,10 +112,12 @@ class Job:
         return JobState(ACTIVE_CYCLE[last % len(ACTIVE_CYCLE)], False, False, False, self.terminal_at,
                         self.created + last * self._slice())
 
-    def min_reads(self) -> int:
+    def min_reads(self, hints: bool = True) -> int:
         """Status reads a client obeying every hint exactly needs from its first read on: 1 + the
         changes (phase boundaries, result becoming ready) still ahead then; ``steps + 1`` before any
-        read. A first read inside the not-found lag adds itself and counts from the lag's end."""
+        read. A first read inside the not-found lag adds itself and counts from the lag's end. The
+        result becoming ready is a change only when the status replies carry ``hints`` (without
+        them ``result_ready`` is not in the reply: the terminal status is the last change)."""
         if self.first_read is None:
             return self.spec.steps + 1
         t, extra = self.first_read, 0
@@ -121,7 +125,7 @@ class Job:
             t, extra = self.visible_at, 1
         slice_len = self._slice()
         ahead = sum(1 for i in range(1, self.spec.steps + 1) if self.created + i * slice_len > t)
-        if self.spec.result_delay > 0 and self.spec.success and self.ready_at > t:
+        if hints and self.spec.result_delay > 0 and self.spec.success and self.ready_at > t:
             ahead += 1
         return extra + 1 + ahead
 
