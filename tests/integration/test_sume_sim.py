@@ -668,6 +668,65 @@ def test_list_route_misses(client: Client, route: str, status: int, code: str) -
     assert_envelope(client.api("GET", "/jobs"), status, code)
 
 
+def test_list_faults_and_a_repeating_cursor(client: Client) -> None:
+    client.configure(list={"cursor": True, "cursor_repeat": True, "order": "newest_created",
+                           "faults": ["ok", "503:2", "malformed"]})
+    ids = [client.create(sim={"duration": 600}) for _ in range(5)]
+    page1 = client.api("GET", "/jobs?limit=2").json()
+    assert [j["id"] for j in page1["jobs"]] == [ids[4], ids[3]]
+    cursor = page1["next_cursor"]
+    failed = client.api("GET", f"/jobs?limit=2&cursor={cursor}")
+    assert_envelope(failed, 503, "internal_error")
+    assert failed.headers["Retry-After"] == "2"
+    garbled = client.api("GET", f"/jobs?limit=2&cursor={cursor}")
+    assert garbled.status == 200 and garbled.data.startswith(b'{"jobs": [')
+    with pytest.raises(ValueError):
+        json.loads(garbled.data)
+    for _ in range(2):
+        page2 = client.api("GET", f"/jobs?limit=2&cursor={cursor}").json()
+        assert [j["id"] for j in page2["jobs"]] == [ids[2], ids[1]] and page2["next_cursor"] == cursor
+    stats = client.stats()
+    assert stats["list_reads"] == 5 and stats["list_faults_remaining"] == []
+
+
+def test_list_filters_items_and_foreign_jobs(client: Client) -> None:
+    ids = {outcome: client.create(sim={"duration": 0, "outcome": outcome})
+           for outcome in ("completed", "failed", "canceled", "expired")}
+    ids["queued"] = client.create(sim={"duration": 600})
+
+    def listed(query: str) -> list[dict[str, Any]]:
+        resp = client.api("GET", f"/jobs?limit=50&{query}")
+        assert resp.status == 200, resp.data
+        return list(resp.json()["jobs"])
+
+    client.configure(list={"status_filter": "loose"})
+    loose = {j["id"]: j["status"] for j in listed("status=failed")}
+    assert loose == {ids[s]: s for s in ("completed", "failed", "canceled", "expired")}
+    client.configure(list={"status_filter": "ignored"})
+    assert {j["id"] for j in listed("status=failed")} == set(ids.values())
+    client.configure(list={"item_status": False, "foreign": 2, "fields": "full", "order": "newest_created"})
+    items = listed("status=failed")
+    own, foreign = items[:-2], items[-2:]
+    assert [j["id"] for j in own] == [ids["failed"]]
+    assert all(set(j) == {"id", "type", "created_at", "updated_at"} for j in items)
+    assert all(re.fullmatch(r"job_foreign_[0-9a-f]{24}", j["id"]) for j in foreign)
+    assert_envelope(client.api("GET", f"/jobs/{foreign[0]['id']}"), 404, "not_found")
+    client.configure(list={"foreign": 1, "fields": "full", "order": "newest_created"})
+    everything = listed("")
+    assert [j["id"] for j in everything[:-1]] == list(reversed(ids.values()))  # newest created first
+    stamps = [j["created_at"] for j in everything]
+    assert stamps == sorted(stamps, reverse=True) and everything[-1]["status"] == "completed"
+
+
+@pytest.mark.parametrize(("field", "value"), [("status_filter", "strict"), ("item_status", "no"),
+                                              ("cursor_repeat", 1), ("faults", ["boom"]), ("foreign", -1),
+                                              ("order", "oldest_first")])
+def test_list_mode_fields_are_validated(client: Client, field: str, value: Any) -> None:
+    rejected = client.ctl("POST", "/config", {"list": {"cursor": True, field: value}})
+    assert rejected.status == 400 and rejected.json()["error"]["details"] == {"field": field}
+    assert client.ctl("GET", "/config").json()["list"][field] != value
+
+
 # ---------------------------------------------------------------------------- webhooks
 
 

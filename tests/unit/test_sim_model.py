@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 from datetime import datetime
 from typing import Any
 
@@ -563,6 +564,169 @@ def test_list_route_misses(route: str, status: int) -> None:
     model, _ = make(list={"route": route}, read_budget={"per_minute": 5})
     reply = list_page(model)
     assert reply.status == status and reply.header("RateLimit-Remaining") == "4"
+
+
+def seed_outcomes(model: Model) -> dict[str, str]:
+    """Status -> id of one job in each of these statuses."""
+    ids = {"queued": model.seed_job("image", {"duration": 600}, job_id="job_queued")}
+    for outcome in ("completed", "failed", "canceled", "expired"):
+        ids[outcome] = model.seed_job("image", {"duration": 0, "outcome": outcome}, job_id=f"job_{outcome}")
+    return ids
+
+
+def listed(model: Model, query: str = "") -> dict[str, str | None]:
+    reply = list_page(model, query)
+    assert reply.status == 200, reply.body
+    return {item["id"]: item.get("status") for item in reply.body["jobs"]}
+
+
+def test_list_status_filter_honoured_ignored_and_loose() -> None:
+    model, _ = make()
+    ids = seed_outcomes(model)
+    assert listed(model, "status=failed") == {ids["failed"]: "failed"}
+    model.configure(list={"status_filter": "ignored"})
+    assert set(listed(model, "status=failed")) == set(ids.values())  # the running one too
+    model.configure(list={"status_filter": "loose"})
+    terminal = {ids[s]: s for s in ("completed", "failed", "canceled", "expired")}
+    assert listed(model, "status=failed") == terminal
+    assert listed(model, "status=completed") == terminal
+    assert listed(model, "status=queued") == {**terminal, ids["queued"]: "queued"}
+    assert listed(model, "status=running") == terminal
+    assert len(listed(model)) == 5  # no filter: every job, as always
+    assert list_page(model, "status=failed,canceled").status == 400  # multi_status still decides
+
+
+def test_list_loose_filter_follows_the_listed_lag() -> None:
+    model, wall = make(list={"status_filter": "loose", "lag": 10})
+    job_id = model.seed_job("image", {"duration": 1, "steps": 1, "outcome": "failed"})
+    wall.advance(2)
+    assert listed(model, "status=completed") == {}  # terminal, but the list still shows it running
+    wall.advance(10)
+    assert listed(model, "status=completed") == {job_id: "failed"}
+
+
+def test_list_items_without_status() -> None:
+    model, _ = make(list={"item_status": False, "fields": "full"})
+    ids = seed_outcomes(model)
+    body = list_page(model, "status=completed").body
+    assert [item["id"] for item in body["jobs"]] == [ids["completed"]]  # the filter still applies
+    assert set(body["jobs"][0]) == {"id", "type", "created_at", "updated_at"}
+    assert all("status" not in item for item in list_page(model).body["jobs"])
+
+
+def test_list_cursor_repeat_loops_on_the_second_page() -> None:
+    model, _ = make(list={"cursor": True, "cursor_repeat": True, "order": "newest_created"})
+    ids = seed_named(model, 5, duration=600)
+    first = list_page(model, "limit=2").body
+    assert [i["id"] for i in first["jobs"]] == [ids[4], ids[3]]
+    cursor = first["next_cursor"]
+    assert cursor is not None
+    for _ in range(3):
+        again = list_page(model, f"limit=2&cursor={cursor}").body
+        assert again["next_cursor"] == cursor and [i["id"] for i in again["jobs"]] == [ids[2], ids[1]]
+    assert list_page(model, "limit=10").body["next_cursor"] is None  # one page holds all: nothing repeats
+    assert list_page(model, "limit=2&cursor=bm9wZQ").status == 400  # cursors are still checked
+
+
+def test_list_faults_are_consumed_one_per_list_read() -> None:
+    model, _ = make(list={"faults": ["ok", "503:2", "500", "malformed", "html", "empty", "slow:250", "429"]})
+    model.seed_job("image", job_id="job_a")
+    assert model.stats()["list_faults_remaining"] == ["ok", "503:2", "500", "malformed", "html", "empty",
+                                                      "slow:250", "429"]
+    assert listed(model) == {"job_a": "queued"}
+    unavailable = list_page(model)
+    assert (unavailable.status, unavailable.header("Retry-After")) == (503, "2")
+    assert unavailable.body["error"]["code"] == "internal_error"
+    assert list_page(model, "limit=0").status == 500  # the fault comes before the query is checked
+    malformed = list_page(model)
+    assert malformed.status == 200 and malformed.raw is not None and malformed.raw.startswith(b'{"jobs": [')
+    with pytest.raises(ValueError):
+        json.loads(malformed.raw)
+    assert list_page(model).content_type.startswith("text/html")
+    assert list_page(model).raw == b""
+    slow = list_page(model)
+    assert slow.status == 200 and slow.delay == pytest.approx(0.25) and len(slow.body["jobs"]) == 1
+    limited = list_page(model)
+    assert (limited.status, limited.header("Retry-After")) == (429, "1")
+    assert list_page(model).status == 200 and model.stats()["list_faults_remaining"] == []
+    model.configure(list={"faults": ["500"]})  # a new list mode starts its faults from the first
+    assert list_page(model).status == 500 and list_page(model).status == 200
+    assert model.stats()["list_reads"] == 11
+
+
+def test_list_faults_skip_refused_reads() -> None:
+    model, _ = make(read_budget={"per_minute": 1}, list={"faults": ["500"], "route": "missing"})
+    assert list_page(model).status == 404  # the route refusal comes first
+    assert list_page(model).status == 429  # and the budget
+    assert model.stats()["list_faults_remaining"] == ["500"]
+
+
+def test_list_foreign_items() -> None:
+    model, _ = make(list={"foreign": 2, "cursor": True, "fields": "full"})
+    ids = seed_outcomes(model)
+    page1 = list_page(model, "limit=3").body
+    own, foreign = page1["jobs"][:3], page1["jobs"][3:]
+    assert {i["id"] for i in own} <= set(ids.values()) and len(foreign) == 2
+    for item in foreign:
+        assert re.fullmatch(r"job_foreign_[0-9a-f]{24}", item["id"])
+        assert set(item) == {"id", "type", "status", "created_at", "updated_at"}
+        assert item["type"] == "image_generation" and clock_of(item["created_at"]) < T0
+    assert [i["status"] for i in foreign] == ["completed", "failed"]
+    assert list_page(model, "limit=3").body["jobs"][3:] == foreign  # stable per page
+    page2 = list_page(model, f"limit=3&cursor={page1['next_cursor']}").body
+    assert len(page2["jobs"]) == 2 + 2 and not {i["id"] for i in page2["jobs"][2:]} & {i["id"] for i in foreign}
+    assert page2["next_cursor"] is None
+    failed = list_page(model, "status=failed&type=video_generation").body["jobs"]
+    assert [(i["type"], i["status"]) for i in failed] == [("video_generation", "failed")] * 2
+    assert all(i["id"].startswith("job_foreign_") for i in failed)  # no own video: only the foreign ones
+    assert listed(model, "status=queued") == {ids["queued"]: "queued"}  # no terminal status named: none
+    ghost = foreign[0]["id"]
+    assert model.read_status(req(), ghost).status == 404 and model.unknown_reads(ghost)["status_reads"] == 1
+    model.configure(list={"foreign": 3, "multi_status": True, "item_status": False})
+    items = list_page(model, "status=failed,canceled,queued").body["jobs"]
+    assert len(items) == 3 + 3 and all(set(i) == {"id", "type"} for i in items)
+    model.configure(list={"foreign": 3, "multi_status": True})
+    statuses = [i["status"] for i in list_page(model, "status=failed,canceled,queued").body["jobs"][3:]]
+    assert statuses == ["canceled", "failed", "canceled"]
+    model.configure(list={"foreign": 1, "status_filter": "ignored"})  # every own job, and a completed stranger
+    items = list_page(model, "status=queued").body["jobs"]
+    assert len(items) == 5 + 1 and items[-1]["id"].startswith("job_foreign_") and items[-1]["status"] == "completed"
+
+
+def test_list_newest_created_differs_from_newest_first() -> None:
+    model, wall = make(list={"fields": "full"})
+    old = model.seed_job("image", {"duration": 20, "steps": 1}, job_id="job_old", age=15)
+    new = model.seed_job("image", {"duration": 600, "steps": 1}, job_id="job_new", age=10)
+    wall.advance(6)  # the old job completes at 5: its updated_at is newer than the new job's
+    model.configure(list={"fields": "full", "order": "newest_first"})
+    assert list(listed(model)) == [old, new]
+    model.configure(list={"fields": "full", "order": "newest_created"})
+    items = list_page(model).body["jobs"]
+    assert [i["id"] for i in items] == [new, old]
+    assert clock_of(items[0]["created_at"]) > clock_of(items[1]["created_at"])
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("status_filter", "strict"), ("status_filter", None), ("item_status", "no"), ("item_status", 0),
+    ("cursor_repeat", 1), ("faults", "503"), ("faults", ["boom"]), ("faults", [503]), ("foreign", -1),
+    ("foreign", 101), ("foreign", True), ("foreign", 1.5), ("order", "oldest_first"),
+])
+def test_list_mode_validation(field: str, value: Any) -> None:
+    model, _ = make()
+    with pytest.raises(SpecError) as err:
+        model.configure(list={"cursor": True, field: value})
+    assert err.value.field_name == field and field in str(err.value)
+
+
+def test_list_cursor_repeat_needs_a_cursor() -> None:
+    with pytest.raises(SpecError) as err:
+        make(list={"cursor_repeat": True})
+    assert err.value.field_name == "cursor_repeat"
+    model, _ = make(list={"cursor": True, "cursor_repeat": True})
+    assert model.config.to_dict()["list"] == {
+        "fields": "minimal", "order": "any", "cursor": True, "multi_status": False, "omit_kinds": [],
+        "newest_n": None, "lag": 0.0, "route": "ok", "status_filter": "honoured", "item_status": True,
+        "cursor_repeat": True, "faults": [], "foreign": 0}
 
 
 # ---------------------------------------------------------------------------- webhooks

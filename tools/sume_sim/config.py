@@ -19,6 +19,7 @@ from tools.sume_sim.spec import (
     SpecError,
     check_bool,
     check_choice,
+    check_faults,
     check_int,
     check_keys,
     check_number,
@@ -30,8 +31,11 @@ DEFAULT_WEBHOOK_SECRET = "sume_sim_webhook_secret"  # noqa: S105 - a well-known 
 MINUTE = 60
 DAY = 86_400
 LIST_FIELDS = ("minimal", "full")
-LIST_ORDERS = ("any", "newest_first")
+LIST_ORDERS = ("any", "newest_first", "newest_created")
 LIST_ROUTES = ("ok", "missing", "bad_request", "forbidden")
+LIST_STATUS_FILTERS = ("honoured", "ignored", "loose")
+LIST_FAULT_OK = "ok"  # a list fault that answers normally
+MAX_FOREIGN = 100
 
 
 @dataclass(frozen=True)
@@ -65,9 +69,14 @@ class ListMode:
     newest_n: int | None = None
     lag: float = 0.0
     route: str = "ok"
+    status_filter: str = "honoured"
+    item_status: bool = True
+    cursor_repeat: bool = False
+    faults: tuple[str, ...] = ()
+    foreign: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "omit_kinds": list(self.omit_kinds)}
+        return {**asdict(self), "omit_kinds": list(self.omit_kinds), "faults": list(self.faults)}
 
 
 @dataclass(frozen=True)
@@ -144,15 +153,25 @@ def _kinds(value: Any, name: str) -> tuple[str, ...]:
 def _list_mode(value: Any) -> ListMode:
     raw = check_keys({} if value is None else value, ListMode.__dataclass_fields__, "list")
     newest_n = raw.get("newest_n")
+    cursor = check_bool(raw.get("cursor", False), "cursor", "list.")
+    cursor_repeat = check_bool(raw.get("cursor_repeat", False), "cursor_repeat", "list.")
+    if cursor_repeat and not cursor:
+        raise SpecError("list.cursor_repeat needs list.cursor: true", "cursor_repeat")
     return ListMode(
         fields=check_choice(raw.get("fields", "minimal"), "fields", LIST_FIELDS, "list."),
         order=check_choice(raw.get("order", "any"), "order", LIST_ORDERS, "list."),
-        cursor=check_bool(raw.get("cursor", False), "cursor", "list."),
+        cursor=cursor,
         multi_status=check_bool(raw.get("multi_status", False), "multi_status", "list."),
         omit_kinds=_kinds(raw.get("omit_kinds", []), "omit_kinds"),
         newest_n=None if newest_n is None else check_int(newest_n, "newest_n", 0, 10**9, "list."),
         lag=check_number(raw.get("lag", 0.0), "lag", prefix="list."),
         route=check_choice(raw.get("route", "ok"), "route", LIST_ROUTES, "list."),
+        status_filter=check_choice(raw.get("status_filter", "honoured"), "status_filter", LIST_STATUS_FILTERS,
+                                   "list."),
+        item_status=check_bool(raw.get("item_status", True), "item_status", "list."),
+        cursor_repeat=cursor_repeat,
+        faults=check_faults(raw.get("faults", []), "faults", "list.", (LIST_FAULT_OK,)),
+        foreign=check_int(raw.get("foreign", 0), "foreign", 0, MAX_FOREIGN, "list."),
     )
 
 

@@ -1,8 +1,11 @@
 """The list view (``GET /api/v1/jobs``): query parsing, listable jobs, order, pages and cursors.
 
 The configured :class:`~tools.sume_sim.config.ListMode` picks what a page carries (minimal or full
-items, an order that is or is not by time, a cursor or none) and which misses of a real list show
-(kinds never listed, only the newest N jobs, a lag before terminal statuses appear).
+items, with or without ``status``, an order that is or is not by time, a cursor or none), which
+misses of a real list show (kinds never listed, only the newest N jobs, a lag before terminal
+statuses appear) and which liberties an undocumented route may take (a ``status`` filter ignored
+or loose, a cursor that repeats, items of jobs the client never created). Its injected faults are
+the model's business.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.sume_sim.config import ListMode
-from tools.sume_sim.spec import KIND_BY_TYPE, SpecError
-from tools.sume_sim.timeline import Job
+from tools.sume_sim.spec import KIND_BY_TYPE, SUME_TYPES, TERMINAL_STATUSES, SpecError
+from tools.sume_sim.timeline import Job, JobState, iso
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 100
+FOREIGN_PREFIX = "job_foreign_"
+#: Statuses of foreign items when the filter names no terminal status (or is not applied).
+FOREIGN_STATUSES = ("completed", "failed")
+#: Foreign jobs were created this long (clock seconds) before the page is read.
+FOREIGN_AGE = 3600.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,7 @@ class ListQuery:
     offset: int = 0
     kind: str | None = None
     statuses: frozenset[str] | None = None  # lower-cased
+    cursor: str | None = None  # as asked with (only when the mode has cursors)
 
 
 def encode_cursor(offset: int) -> str:
@@ -59,11 +68,13 @@ def parse_query(query: Mapping[str, list[str]], mode: ListMode) -> ListQuery:
     raw_type = first("type")
     if raw_type is not None and raw_type not in KIND_BY_TYPE:
         raise SpecError(f"type must be one of {', '.join(KIND_BY_TYPE)}", "type")
+    with_cursor = bool(cursor) and mode.cursor
     return ListQuery(
         limit=int(raw_limit) if raw_limit is not None else DEFAULT_LIMIT,
-        offset=decode_cursor(cursor) if cursor and mode.cursor else 0,
+        offset=decode_cursor(cursor) if cursor and with_cursor else 0,
         kind=None if raw_type is None else KIND_BY_TYPE[raw_type],
         statuses=_statuses(first("status"), mode.multi_status),
+        cursor=cursor if with_cursor else None,
     )
 
 
@@ -88,22 +99,63 @@ def listable(jobs: Iterable[Job], now: float, mode: ListMode) -> list[Job]:
     ]
 
 
+def passes(state: JobState, statuses: frozenset[str] | None, status_filter: str) -> bool:
+    """Whether a job in (listed) ``state`` is on a page asked for ``statuses`` under ``status_filter``:
+    ``honoured`` lists the named statuses only, ``ignored`` every job, ``loose`` the named ones and
+    every terminal one besides."""
+    if statuses is None or status_filter == "ignored":
+        return True
+    return state.status.lower() in statuses or (status_filter == "loose" and state.terminal)
+
+
+def foreign_items(mode: ListMode, query: ListQuery, now: float) -> list[dict[str, Any]]:
+    """The ``foreign`` items of one page: well-formed items of terminal jobs never created through
+    this API (``job_foreign_<hex>``, stable per page offset and position). Their status is one the
+    filter names (terminal ones, in turn) or, without a filter or with it ignored, completed and
+    failed in turn; a filter naming no terminal status gets none (unless it is ignored)."""
+    if mode.foreign == 0:
+        return []
+    statuses: tuple[str, ...] = FOREIGN_STATUSES
+    if query.statuses is not None and mode.status_filter != "ignored":
+        statuses = tuple(sorted(query.statuses & TERMINAL_STATUSES))
+        if not statuses:
+            return []
+    sume_type = SUME_TYPES[query.kind or "image"]
+    stamp = iso(now - FOREIGN_AGE)
+    items = []
+    for i in range(mode.foreign):
+        digest = hashlib.sha256(f"foreign:{query.offset}:{i}".encode()).hexdigest()[:24]
+        item: dict[str, Any] = {"id": FOREIGN_PREFIX + digest, "type": sume_type}
+        if mode.item_status:
+            item["status"] = statuses[i % len(statuses)]
+        if mode.fields == "full":
+            item.update(created_at=stamp, updated_at=stamp)
+        items.append(item)
+    return items
+
+
 def page(jobs: Iterable[Job], now: float, mode: ListMode, query: ListQuery) -> dict[str, Any]:
     """One page of the list reply (without ``request_id``)."""
-    entries = []
+    entries: list[tuple[Job, JobState]] = []
     for job in listable(jobs, now, mode):
-        item = job.list_item(now, mode.lag, mode.fields == "full")
         if query.kind is not None and job.kind != query.kind:
             continue
-        if query.statuses is not None and item["status"].lower() not in query.statuses:
-            continue
-        entries.append((job, item))
+        state = job.listed_state(now, mode.lag)
+        if passes(state, query.statuses, mode.status_filter):
+            entries.append((job, state))
     if mode.order == "newest_first":
-        entries.sort(key=lambda e: (e[0].listed_state(now, mode.lag).updated_at, e[0].created), reverse=True)
+        entries.sort(key=lambda e: (e[1].updated_at, e[0].created), reverse=True)
+    elif mode.order == "newest_created":
+        entries.sort(key=lambda e: (e[0].created, e[0].id), reverse=True)
     else:  # stable, and deliberately not by time
         entries.sort(key=lambda e: hashlib.sha256(e[0].id.encode()).hexdigest())
     end = query.offset + query.limit
-    payload: dict[str, Any] = {"jobs": [item for _, item in entries[query.offset : end]]}
+    items = [job.list_item(now, mode.lag, mode.fields == "full", mode.item_status)
+             for job, _ in entries[query.offset : end]]
+    payload: dict[str, Any] = {"jobs": items + foreign_items(mode, query, now)}
     if mode.cursor:
-        payload["next_cursor"] = encode_cursor(end) if end < len(entries) else None
+        if mode.cursor_repeat and query.cursor is not None:
+            payload["next_cursor"] = query.cursor  # the cursor asked with, again: a loop
+        else:
+            payload["next_cursor"] = encode_cursor(end) if end < len(entries) else None
     return payload

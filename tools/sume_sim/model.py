@@ -23,11 +23,14 @@ from typing import Any, Protocol
 
 from tools.sume_sim import listing
 from tools.sume_sim.budget import Admission, BudgetBook, RateView
-from tools.sume_sim.config import Config, updated
+from tools.sume_sim.config import LIST_FAULT_OK, Config, updated
 from tools.sume_sim.spec import DEFAULT_DURATION, JobSpec, SpecError, parse_spec
 from tools.sume_sim.timeline import Job, iso
 
 READS, CREATES = "reads", "creates"
+#: The truncated body of a ``malformed`` list fault.
+MALFORMED_LIST = b'{"jobs": [{"id": "job_'
+
 ERROR_CODES: dict[int, str] = {
     400: "bad_request",
     401: "unauthorized",
@@ -105,10 +108,10 @@ class _Answer:
         extra = (("Retry-After", str(retry_after)),) if retry_after is not None else ()
         return Reply(status, body, self.request_id, self.headers + extra)
 
-    def fault(self, fault: str, job_id: str) -> Reply:
-        """An injected fault (anything but ``slow:``)."""
+    def fault(self, fault: str, job_id: str, *, malformed: bytes | None = None) -> Reply:
+        """An injected fault (anything but ``slow:``); ``malformed`` replaces the truncated job body."""
         if fault == "malformed":
-            return self._raw(('{"job": {"id": "' + job_id + '", "status": "runn').encode())
+            return self._raw(malformed or ('{"job": {"id": "' + job_id + '", "status": "runn').encode())
         if fault == "html":
             page = b"<!DOCTYPE html><html><head><title>Bad Gateway</title></head><body>502</body></html>"
             return self._raw(page, "text/html; charset=utf-8")
@@ -190,6 +193,7 @@ class Model:
         self._unknown_reads: OrderedDict[str, dict[str, int]] = OrderedDict()
         self._idempotency: OrderedDict[str, Reply] = OrderedDict()
         self._create_attempts: dict[str, int] = {}
+        self._list_fault_cursor = 0  # list faults consumed under the current list mode
         self._books: dict[tuple[str, str], BudgetBook] = {}
         self._plans: list[tuple[float, int, WebhookPlan]] = []
         self._plan_seq = 0
@@ -210,6 +214,8 @@ class Model:
         """Apply validated config changes; return the whole config."""
         with self._lock:
             self._config = updated(self._config, changes)
+            if "list" in changes:
+                self._list_fault_cursor = 0  # a new list mode's faults start from the first
             if "seed" in changes:
                 self._rng = random.Random(self._config.seed)
             return self._config.to_dict()
@@ -226,7 +232,9 @@ class Model:
             }
             for job_id, reads in self._unknown_reads.items():
                 jobs.setdefault(job_id, {**reads, "min_reads": None, "status": None})
-            return {**self._counters, "jobs": jobs, "webhooks": self._webhook_summary()}
+            faults = self._config.listing.faults
+            return {**self._counters, "list_faults_remaining": list(faults[self._list_fault_cursor:]), "jobs": jobs,
+                    "webhooks": self._webhook_summary()}
 
     def job_info(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -375,11 +383,14 @@ class Model:
             mode = self._config.listing
             if mode.route != "ok":
                 return self._list_route_refusal(answer, mode.route)
+            fault = self._take_list_fault()
+            if fault is not None and not fault.startswith("slow:"):
+                return answer.fault(fault, "", malformed=MALFORMED_LIST)
             try:
                 parsed = listing.parse_query(query, mode)
             except SpecError as exc:
                 return answer.error(400, "bad_request", str(exc), {"field": exc.field_name})
-            return answer.json(200, listing.page(self._jobs.values(), now, mode, parsed))
+            return answer.json(200, listing.page(self._jobs.values(), now, mode, parsed), delay=_slow_ms(fault))
 
     def refuse(self, req: Request, status: int, message: str) -> Reply:
         """An unknown route or method under the API prefix (after the key checks)."""
@@ -540,6 +551,15 @@ class Model:
     def _hints(self, job: Job) -> bool:
         """Whether the job's status replies carry hints (its own switch, else the config's)."""
         return self._config.hints if job.spec.hints is None else job.spec.hints
+
+    def _take_list_fault(self) -> str | None:
+        """The next list fault of the current list mode, consumed; None for ``ok`` or none left."""
+        faults = self._config.listing.faults
+        if self._list_fault_cursor >= len(faults):
+            return None
+        self._list_fault_cursor += 1
+        fault = faults[self._list_fault_cursor - 1]
+        return None if fault == LIST_FAULT_OK else fault
 
     def _random_fault(self) -> str | None:
         config = self._config

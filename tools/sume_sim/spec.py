@@ -42,6 +42,7 @@ FAILURE_CODES: dict[str, str] = {
     "cancelled": "canceled",
     "expired": "expired",
 }
+TERMINAL_STATUSES = SUCCESS_STATUSES | frozenset(FAILURE_CODES)
 ID_SHAPES = ("job.id", "job_id", "job_ids")
 RESULT_SHAPES = ("object", "list", "string", "large")
 DEFAULT_RESULT_BYTES = 400_000
@@ -109,12 +110,14 @@ def check_keys(raw: Any, allowed: Iterable[str], name: str) -> dict[str, Any]:
     return raw
 
 
-def check_faults(value: Any, name: str) -> tuple[str, ...]:
+def check_faults(value: Any, name: str, prefix: str = "sim.", extra: Iterable[str] = ()) -> tuple[str, ...]:
+    """A list of injected faults (``extra`` names more accepted values)."""
     if not isinstance(value, list) or not all(isinstance(f, str) for f in value):
-        raise SpecError(f"sim.{name} must be a list of strings", name)
+        raise SpecError(f"{prefix}{name} must be a list of strings", name)
+    allowed = frozenset(extra)
     for fault in value:
-        if not _FAULT_RE.match(fault):
-            raise SpecError(f"sim.{name}: unknown fault {fault!r}", name)
+        if fault not in allowed and not _FAULT_RE.match(fault):
+            raise SpecError(f"{prefix}{name}: unknown fault {fault!r}", name)
     return tuple(value)
 
 

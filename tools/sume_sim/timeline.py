@@ -180,9 +180,11 @@ class Job:
                 view["terminal"] = self.spec.terminal_flag
         return view
 
-    def list_item(self, now: float, lag: float, full: bool) -> dict[str, Any]:
+    def list_item(self, now: float, lag: float, full: bool, with_status: bool = True) -> dict[str, Any]:
         state = self.listed_state(now, lag)
-        item = {"id": self.id, "type": self.sume_type, "status": state.status}
+        item = {"id": self.id, "type": self.sume_type}
+        if with_status:
+            item["status"] = state.status
         if full:
             item.update(created_at=iso(self.created), updated_at=iso(state.updated_at))
         return item
