@@ -3,8 +3,17 @@
 Service and namespace come from ``POWERTOOLS_SERVICE_NAME`` / ``POWERTOOLS_METRICS_NAMESPACE``.
 Logs are JSON; every record-level line carries ``job_id`` (also as the correlation id).
 
-botocore's and urllib3's loggers stay at INFO or above whatever the application's level: at
-DEBUG botocore logs the SSM reply that carries the decrypted Sume key.
+The level (``POWERTOOLS_LOG_LEVEL``, the template's ``LogLevel``) is applied to the Logger's
+handler. Not to the Logger: Powertools gives Lambda's Advanced Logging Controls level
+(``AWS_LAMBDA_LOG_LEVEL``, from the function's ``ApplicationLogLevel``) precedence over
+``POWERTOOLS_LOG_LEVEL``, ``Logger(level=...)`` and ``setLevel``. The template keeps
+``ApplicationLogLevel`` at INFO (DEBUG with ``LogLevel=DEBUG``) because above INFO Lambda drops
+every stdout line without a ``level`` - the EMF metric lines among them, so ``LogLevel=ERROR``
+there would empty every custom metric and alarm. Metric lines are printed, not logged: no log
+level filters them.
+
+botocore's and urllib3's loggers stay at INFO or above whatever the application's level (and
+follow it above INFO): at DEBUG botocore logs the SSM reply that carries the decrypted Sume key.
 
 Tracing is on only when the template's ``Tracing`` parameter turns it on
 (``POWERTOOLS_TRACE_DISABLED=false``): building a Tracer imports the X-Ray SDK (about 0.4 s of
@@ -15,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar
 
@@ -25,8 +34,25 @@ from aws_lambda_powertools.metrics import MetricUnit
 logger = Logger()
 metrics = Metrics()
 
-for _name in ("botocore", "boto3", "urllib3"):
-    logging.getLogger(_name).setLevel(max(logging.INFO, logging.getLogger(_name).getEffectiveLevel()))
+
+def configured_level(env: Mapping[str, str] = os.environ) -> int:
+    """``POWERTOOLS_LOG_LEVEL`` as a :mod:`logging` level (DEBUG, INFO, WARN/WARNING, ERROR,
+    CRITICAL); INFO when unset or unknown."""
+    name = env.get("POWERTOOLS_LOG_LEVEL", "").strip().upper()
+    level = logging.getLevelNamesMapping().get(name)
+    return level if level is not None else logging.INFO
+
+
+def apply_log_level(level: int) -> None:
+    """Filter the application's lines at ``level`` on the Logger's handler (which Lambda's level
+    does not override), and keep botocore, boto3 and urllib3 at INFO or above."""
+    logger.registered_handler.setLevel(level)
+    for name in ("botocore", "boto3", "urllib3"):
+        library = logging.getLogger(name)
+        library.setLevel(max(logging.INFO, level, library.getEffectiveLevel()))
+
+
+apply_log_level(configured_level())
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,4 +76,5 @@ def traced(handler: F) -> F:
     return wrapped
 
 
-__all__ = ["MetricUnit", "logger", "metrics", "traced", "tracer", "tracing_enabled"]
+__all__ = ["MetricUnit", "apply_log_level", "configured_level", "logger", "metrics", "traced", "tracer",
+           "tracing_enabled"]
