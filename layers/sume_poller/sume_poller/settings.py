@@ -25,6 +25,18 @@ from .clock import Clock
 #: SQS rejects DelaySeconds above this; longer waits are re-queued in hops.
 SQS_MAX_DELAY_SECONDS = 900
 
+#: template.yaml's PollQueue VisibilityTimeout and PollFunction Timeout. A claim on a job's lease
+#: must expire before SQS delivers a message whose poller crashed again: the claim may be taken as
+#: late as the end of the function's timeout, and the message comes back at the visibility
+#: timeout. So CLAIM_TTL_SECONDS is at most their difference (the template's ClaimTtlSeconds
+#: MaxValue; tests/unit/test_template_real_account.py ties the three together).
+POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 180
+POLL_FUNCTION_TIMEOUT_SECONDS = 30
+CLAIM_TTL_MAX_SECONDS = POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS - POLL_FUNCTION_TIMEOUT_SECONDS
+
+#: A Redis host ending so is ElastiCache, reachable only from inside its VPC.
+ELASTICACHE_HOST_SUFFIX = ".cache.amazonaws.com"
+
 
 class ConfigError(ValueError):
     """The environment does not describe a usable configuration."""
@@ -154,9 +166,11 @@ class Common:
 
     @classmethod
     def read(cls, env: Env) -> Self:
-        return cls(jobs_table=env.text("JOBS_TABLE"),
-                   clock=Clock(env.number("TIME_SCALE", 1.0, 0.0001, 1.0)),
-                   local_endpoints=env.flag("LOCAL_ENDPOINTS", False))
+        scale = env.number("TIME_SCALE", 1.0, 0.0001, 1.0)
+        local = env.flag("LOCAL_ENDPOINTS", False)
+        env.check(scale == 1.0 or local,
+                  f"TIME_SCALE {scale:g} compresses the clock: only with LOCAL_ENDPOINTS=true (on AWS it is 1)")
+        return cls(jobs_table=env.text("JOBS_TABLE"), clock=Clock(scale), local_endpoints=local)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +211,10 @@ class RedisSettings(Group):
                   "REDIS_URL must not carry credentials: put them in the secret named by REDIS_SECRET_NAME")
         env.check(not url or common.local_endpoints or not is_loopback(parts.hostname),
                   f"REDIS_URL points at {parts.hostname}: a loopback Redis is only valid with LOCAL_ENDPOINTS=true")
+        elasticache = (parts.hostname or "").lower().endswith(ELASTICACHE_HOST_SUFFIX)
+        env.check(not elasticache or common.local_endpoints or env.flag("IN_VPC", False),
+                  f"REDIS_URL points at {parts.hostname}: ElastiCache is reachable only inside its VPC: "
+                  "set SubnetIds and SecurityGroupIds (IN_VPC is not true)")
         prefix = env.text("LEASE_KEY_PREFIX", "sume:poll:")
         env.check(len(prefix) <= 64 and "{" not in prefix and "}" not in prefix,
                   "LEASE_KEY_PREFIX must be at most 64 characters without braces")
@@ -210,8 +228,9 @@ class LeaseSettings(Group):
 
     #: Lease time beyond each re-queue delay (SQS and Lambda lag, including a queue backlog).
     margin: int = setting("LEASE_MARGIN_SECONDS", 120, 1, 3_600)
-    #: Lease time while one message is processed (longer than the poll function's timeout).
-    claim_ttl: int = setting("CLAIM_TTL_SECONDS", 60, 1, 900)
+    #: Lease time while one message is processed (longer than the poll function's timeout, at
+    #: most :data:`CLAIM_TTL_MAX_SECONDS`).
+    claim_ttl: int = setting("CLAIM_TTL_SECONDS", 60, 1, CLAIM_TTL_MAX_SECONDS)
     #: Lease time of a chain that submit or fan-out just started: how long its first message
     #: may wait in the queue before a fan-out tick may start another chain for the job.
     start_ttl: int = setting("START_LEASE_SECONDS", 600, 1, 86_400)
