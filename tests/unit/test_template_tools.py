@@ -150,8 +150,8 @@ def test_project_parameters_and_vpc_condition(template: Template) -> None:
 
 def test_project_sub_with_pseudo_parameters(template: Template) -> None:
     resolver = Resolver(template, parameters=PROJECT_PARAMETERS, region="eu-west-1", account_id="111122223333")
-    policies = resolver.resolve(template["Resources"]["PollFunction"]["Properties"]["Policies"])
-    statements = [s for policy in policies for s in policy.get("Statement", [])]
+    policies = resolver.resolve(template["Resources"]["PollFunctionRole"]["Properties"]["Policies"])
+    statements = [s for policy in policies for s in policy["PolicyDocument"]["Statement"]]
     (ssm,) = [s for s in statements if s["Action"] == ["ssm:GetParameter"]]
     assert ssm["Resource"] == "arn:aws:ssm:eu-west-1:111122223333:parameter/sume-poller/api-key"
 

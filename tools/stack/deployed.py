@@ -252,6 +252,13 @@ def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, par
     return Deployment(outputs, functions)
 
 
+def log_group(client: Callable[[str], Any], function: str) -> str:
+    """Where a deployed function logs: the group its LoggingConfig names (the template binds each
+    function to a group of its own), else Lambda's default - as ``sam logs`` finds it."""
+    config = client("lambda").get_function_configuration(FunctionName=function)
+    return str((config.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{function}")
+
+
 def _failures(client: Callable[[str], Any], stack_name: str) -> str:
     """The reasons CloudFormation gave for the resources that failed."""
     try:
@@ -334,7 +341,8 @@ class DeployedStack(Stack):
         self.schedules = scheduled_functions(load_template(TEMPLATE), self.functions)
         self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
         self.sink = EventSink(self.client("sqs"), self.client("events"), self.parameters.get("EventBusName", "default"))
-        self._metrics = LogGroupMetrics(self.client("logs"), [f"/aws/lambda/{f}" for f in self.functions.values()])
+        groups = [log_group(self.client, function) for function in self.functions.values()]
+        self._metrics = LogGroupMetrics(self.client("logs"), groups)
         self.log(f"deployed stack {self.stack_name} in {time.monotonic() - started:.0f} s")
 
     # -- invoking ---------------------------------------------------------------------------------

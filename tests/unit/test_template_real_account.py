@@ -1,0 +1,560 @@
+"""What a real AWS account requires of template.yaml that the emulators and linters let through
+(issue "Real-account truth, round two"): enumerated properties within what AWS documents, for
+every value their parameters allow; queue encryption a service can send to; the template's Rules;
+the roles SAM would generate; the bucket, table and queue settings an operator of a paid pipeline
+wants. Everything is read from the template (and samconfig.toml), resolved with tools.template.
+
+``SUME_TEMPLATE`` and ``SUME_SAMCONFIG`` (paths) point these tests at another template or
+samconfig.toml, e.g. older ones: ``git show HEAD~5:template.yaml > /tmp/old.yaml;
+SUME_TEMPLATE=/tmp/old.yaml pytest ...``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sume_poller import settings
+from tools.template import (
+    NO_VALUE,
+    Resolver,
+    Template,
+    function_spec,
+    functions,
+    load_template,
+    merged_function_properties,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE_PATH = Path(os.environ.get("SUME_TEMPLATE") or ROOT / "template.yaml")
+SAMCONFIG_PATH = Path(os.environ.get("SUME_SAMCONFIG") or ROOT / "samconfig.toml")
+TEMPLATE = load_template(TEMPLATE_PATH)
+PARAMETERS: dict[str, Any] = TEMPLATE["Parameters"]
+RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
+REQUIRED = {"RedisUrl": "rediss://cache.example:6379"}  # the one parameter without a default
+KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+VPC = {"SubnetIds": "subnet-a,subnet-b", "SecurityGroupIds": "sg-1"}
+EVERYTHING_ON = {"Webhooks": "true", "Sweeps": "true", "CreateTerminalEventsQueue": "true"}
+
+
+def resolver(**overrides: str) -> Resolver:
+    return Resolver(TEMPLATE, parameters={**REQUIRED, **EVERYTHING_ON, **overrides})
+
+
+def deployed(r: Resolver, resource_type: str) -> dict[str, Any]:
+    """Logical id -> resource of a type, for the resources whose Condition holds."""
+    return {lid: res for lid, res in RESOURCES.items() if res["Type"] == resource_type
+            and (not res.get("Condition") or r.condition(res["Condition"]))}
+
+
+def at(value: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return NO_VALUE
+        value = value[key]
+    return value
+
+
+# -- which parameters feed a value, and every value each allows ---------------------------------------
+
+def feeding_parameters(value: Any) -> set[str]:
+    """The parameters a (raw) value depends on: through Ref, ${...} in Fn::Sub and the Conditions
+    of Fn::If / Condition, transitively."""
+    found: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                walk(item)
+        elif isinstance(node, str):
+            return
+        elif isinstance(node, dict):
+            for key, arg in node.items():
+                if key == "Ref" and arg in PARAMETERS:
+                    found.add(arg)
+                elif key == "Fn::If":
+                    walk({"Condition": arg[0]})
+                    walk(arg[1:])
+                elif key == "Condition" and isinstance(arg, str):
+                    walk(TEMPLATE["Conditions"][arg])
+                elif key == "Fn::Sub":
+                    text = arg[0] if isinstance(arg, list) else arg
+                    found.update(n for n in re.findall(r"\$\{([^}!.]+)\}", text) if n in PARAMETERS)
+                    walk(arg[1:] if isinstance(arg, list) else [])
+                else:
+                    walk(arg)
+
+    walk(value)
+    return found
+
+
+def allowed_values(name: str) -> list[str]:
+    """Every value a parameter allows (AllowedValues), or its bounds and default (numbers), or its
+    default (patterns and lists): what an enumerated property must hold for."""
+    spec = PARAMETERS[name]
+    if "AllowedValues" in spec:
+        return [str(v) for v in spec["AllowedValues"]]
+    values = [spec.get("MinValue"), spec.get("Default"), spec.get("MaxValue")]
+    if name in REQUIRED:
+        values.append(REQUIRED[name])
+    return sorted({str(v) for v in values if v is not None})
+
+
+def every_resolution(value: Any, base: Mapping[str, str], where: str) -> Iterator[tuple[dict[str, str], Any]]:
+    """(parameters, resolved value) for every combination of the values its parameters allow."""
+    names = sorted(feeding_parameters(value))
+    for combination in itertools.product(*(allowed_values(n) for n in names)):
+        parameters = {**base, **dict(zip(names, combination, strict=True))}
+        yield parameters, Resolver(TEMPLATE, parameters=parameters).resolve(value, where)
+
+
+# -- item 11: enumerated properties hold what AWS documents -------------------------------------------
+
+LAMBDA_LOG_LEVELS = ["TRACE", "DEBUG", "INFO", "WARN", "ERROR", "FATAL"]  # ApplicationLogLevel, in order
+# Lambda's Python runtimes not deprecated by 2026-12 (3.10's deprecation date is 2026-06-30).
+PYTHON_RUNTIMES = {"python3.11", "python3.12", "python3.13", "python3.14"}
+ARCHITECTURES = {"x86_64", "arm64"}
+LOG_RETENTION_DAYS = {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653}
+
+
+def between(low: int, high: int) -> Any:
+    return lambda v: low <= int(v) <= high
+
+
+#: Lambda properties (Globals merged) -> what AWS accepts. Every ApplicationLogLevel above INFO
+#: drops the EMF metric lines (they carry no level): INFO at most.
+FUNCTION_CHECKS: dict[tuple[str, ...], Any] = {
+    ("LoggingConfig", "ApplicationLogLevel"):
+        lambda v: v in LAMBDA_LOG_LEVELS and LAMBDA_LOG_LEVELS.index(v) <= LAMBDA_LOG_LEVELS.index("INFO"),
+    ("LoggingConfig", "SystemLogLevel"): lambda v: v in {"DEBUG", "INFO", "WARN"},
+    ("LoggingConfig", "LogFormat"): lambda v: v in {"Text", "JSON"},
+    ("Runtime",): lambda v: v in PYTHON_RUNTIMES,
+    ("Architectures",): lambda v: isinstance(v, list) and len(v) == 1 and v[0] in ARCHITECTURES,
+    ("Tracing",): lambda v: v in {"Active", "PassThrough", "Disabled"},
+    ("Timeout",): between(1, 900),
+    ("MemorySize",): between(128, 10240),
+    ("ReservedConcurrentExecutions",): between(0, 100_000),
+    ("EventInvokeConfig", "MaximumEventAgeInSeconds"): between(60, 21600),
+    ("EventInvokeConfig", "MaximumRetryAttempts"): between(0, 2),
+    ("Events", "PollQueue", "Properties", "BatchSize"): between(1, 10),  # 10: no batching window
+    ("Events", "PollQueue", "Properties", "ScalingConfig", "MaximumConcurrency"): between(2, 1000),
+}
+QUEUE_CHECKS: dict[tuple[str, ...], Any] = {
+    ("MessageRetentionPeriod",): between(60, 1_209_600),
+    ("VisibilityTimeout",): between(0, 43_200),
+    ("RedrivePolicy", "maxReceiveCount"): between(1, 1000),
+    ("SqsManagedSseEnabled",): lambda v: v in (True, "true"),
+}
+LOG_GROUP_CHECKS: dict[tuple[str, ...], Any] = {("RetentionInDays",): lambda v: int(v) in LOG_RETENTION_DAYS}
+LAYER_CHECKS: dict[tuple[str, ...], Any] = {
+    ("CompatibleRuntimes",): lambda v: set(v) <= PYTHON_RUNTIMES,
+    ("CompatibleArchitectures",): lambda v: set(v) <= ARCHITECTURES,
+}
+ALARM_CHECKS: dict[tuple[str, ...], Any] = {
+    ("Period",): lambda v: int(v) in (10, 30) or int(v) % 60 == 0,
+    ("EvaluationPeriods",): between(1, 100_000),
+}
+
+
+def checked_values() -> Iterator[tuple[str, tuple[str, ...], Any, Any]]:
+    """(where, path, raw value, check) for every enumerated property the template sets."""
+    for lid in functions(TEMPLATE):
+        props = merged_function_properties(TEMPLATE, lid)
+        for path, check in FUNCTION_CHECKS.items():
+            yield lid, path, at(props, path), check
+    for lid, resource in RESOURCES.items():
+        table = {"AWS::SQS::Queue": QUEUE_CHECKS, "AWS::Logs::LogGroup": LOG_GROUP_CHECKS,
+                 "AWS::Serverless::LayerVersion": LAYER_CHECKS, "AWS::CloudWatch::Alarm": ALARM_CHECKS}
+        for path, check in table.get(resource["Type"], {}).items():
+            yield lid, path, at(resource.get("Properties") or {}, path), check
+
+
+def test_every_enumerated_property_holds_what_aws_documents_for_every_parameter_value() -> None:
+    bad = []
+    count = 0
+    for lid, path, raw, check in checked_values():
+        if raw is NO_VALUE:
+            continue
+        for base in ({**REQUIRED, **EVERYTHING_ON}, {**REQUIRED, **EVERYTHING_ON, "KmsKeyArn": KEY}):
+            for parameters, value in every_resolution(raw, base, f"{lid}.{'.'.join(path)}"):
+                count += 1
+                if value is not None and not check(value):
+                    bad.append(f"{lid}.{'.'.join(path)} = {value!r} with {parameters}")
+    assert count > 50
+    assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_log_level_is_one_name_lambda_powertools_and_python_share() -> None:
+    assert PARAMETERS["LogLevel"]["AllowedValues"] == ["DEBUG", "INFO", "WARN", "ERROR"]
+    env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
+    for value in PARAMETERS["LogLevel"]["AllowedValues"]:
+        r = resolver(LogLevel=value)
+        assert r.resolve(env["POWERTOOLS_LOG_LEVEL"]) == value  # applied inside the functions
+        assert value in logging.getLevelNamesMapping()
+        application = r.resolve(TEMPLATE["Globals"]["Function"]["LoggingConfig"]["ApplicationLogLevel"])
+        assert application == ("DEBUG" if value == "DEBUG" else "INFO")  # never filters a metric line
+
+
+# -- item 12: every queue can be sent to; the key's users are granted -----------------------------------
+
+QUEUES = ("PollQueue", "PollDeadLetterQueue", "FailedInvocationsQueue", "TerminalEventsQueue")
+
+
+@pytest.mark.parametrize("key", ["", KEY], ids=["sse-sqs", "cmk"])
+def test_no_queue_uses_the_aws_managed_sqs_key_and_without_a_key_every_queue_has_sse_sqs(key: str) -> None:
+    r = resolver(KmsKeyArn=key)
+    queues = deployed(r, "AWS::SQS::Queue")
+    assert set(queues) == set(QUEUES)
+    for lid, queue in queues.items():
+        props = r.resolve(queue["Properties"], lid)
+        assert "alias/aws/sqs" not in json.dumps(props), lid
+        if key:
+            assert props.get("KmsMasterKeyId") == key and "SqsManagedSseEnabled" not in props, lid
+        else:
+            assert props.get("SqsManagedSseEnabled") in (True, "true") and "KmsMasterKeyId" not in props, lid
+
+
+def role_statements(r: Resolver, function: str) -> list[dict[str, Any]]:
+    """The inline statements of a function's role, resolved (the template's own roles)."""
+    role = merged_function_properties(TEMPLATE, function).get("Role")
+    assert role == {"Fn::GetAtt": [f"{function}Role", "Arn"]}, f"{function} has no role of the template's own"
+    props = r.resolve(RESOURCES[f"{function}Role"]["Properties"], f"{function}Role")
+    return [s for policy in props.get("Policies", []) for s in policy["PolicyDocument"]["Statement"]]
+
+
+def grants(statements: list[dict[str, Any]], action: str, resource: str) -> bool:
+    def listed(value: Any) -> list[str]:
+        return value if isinstance(value, list) else [value]
+
+    return any(s["Effect"] == "Allow" and action in listed(s["Action"]) and resource in listed(s["Resource"])
+               for s in statements)
+
+
+def test_with_a_key_every_function_may_use_it_for_its_queues_and_dead_letters() -> None:
+    r = resolver(KmsKeyArn=KEY)
+    for function in deployed(r, "AWS::Serverless::Function"):
+        statements = role_statements(r, function)
+        assert grants(statements, "kms:GenerateDataKey", KEY), function  # sends (Lambda's DLQ sends as the role)
+        assert grants(statements, "kms:Decrypt", KEY), function
+        failed = r.resolve({"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]})
+        assert grants(statements, "sqs:SendMessage", failed), function
+    without = resolver()
+    assert not any("kms:" in json.dumps(role_statements(without, f))
+                   for f in deployed(without, "AWS::Serverless::Function"))
+
+
+# -- item 13 and 10(d): the Rules ---------------------------------------------------------------------
+
+RULE_FUNCTIONS = {"Ref", "Fn::And", "Fn::Contains", "Fn::EachMemberEquals", "Fn::EachMemberIn", "Fn::Equals",
+                  "Fn::Not", "Fn::Or", "Fn::RefAll", "Fn::ValueOf", "Fn::ValueOfAll"}
+
+
+def rule_parameters(overrides: Mapping[str, str], empty_list: list[str]) -> dict[str, Any]:
+    """Parameter values as a rule sees them: lists for CommaDelimitedList (``empty_list`` for "")."""
+    values: dict[str, Any] = {}
+    for name, spec in PARAMETERS.items():
+        raw = str(overrides.get(name, spec.get("Default", "")))
+        if spec["Type"] == "CommaDelimitedList":
+            values[name] = [m.strip() for m in raw.split(",")] if raw else list(empty_list)
+        else:
+            values[name] = raw
+    return values
+
+
+def evaluate(node: Any, values: Mapping[str, Any]) -> Any:
+    """The rule functions this template uses, as CloudFormation documents them."""
+    if isinstance(node, list):
+        return [evaluate(item, values) for item in node]
+    if not isinstance(node, dict):
+        return str(node)
+    ((function, args),) = node.items()
+    if function == "Ref":
+        return values[args]
+    if function == "Fn::Equals":
+        return evaluate(args[0], values) == evaluate(args[1], values)
+    if function == "Fn::Not":
+        return not evaluate(args[0], values)
+    if function == "Fn::And":
+        return all(evaluate(a, values) for a in args)
+    if function == "Fn::Or":
+        return any(evaluate(a, values) for a in args)
+    if function == "Fn::Contains":
+        return evaluate(args[1], values) in evaluate(args[0], values)
+    if function == "Fn::EachMemberEquals":
+        return all(m == evaluate(args[1], values) for m in evaluate(args[0], values))
+    raise AssertionError(f"{function} is not evaluated here")
+
+
+def violations(overrides: Mapping[str, str], empty_list: list[str]) -> list[str]:
+    values = rule_parameters({**REQUIRED, **overrides}, empty_list)
+    found = []
+    for name, rule in (TEMPLATE.get("Rules") or {}).items():
+        if "RuleCondition" in rule and not evaluate(rule["RuleCondition"], values):
+            continue
+        found += [f"{name}: {a.get('AssertDescription')}" for a in rule["Assertions"]
+                  if not evaluate(a["Assert"], values)]
+    return found
+
+
+def functions_used(node: Any) -> set[str]:
+    if isinstance(node, list):
+        return set().union(*(functions_used(n) for n in node)) if node else set()
+    if isinstance(node, dict):
+        return {k for k in node if k == "Ref" or k.startswith("Fn::")} | functions_used(list(node.values()))
+    return set()
+
+
+def samconfig_parameters(env: str) -> dict[str, str]:
+    """``parameter_overrides`` of a samconfig.toml environment, where every command reads them."""
+    config = tomllib.loads(SAMCONFIG_PATH.read_text())[env]
+    overrides = config["global"]["parameters"]["parameter_overrides"]
+    assert "parameter_overrides" not in config.get("deploy", {}).get("parameters", {}), env
+    return dict(item.split("=", 1) for item in overrides)
+
+
+#: samconfig.toml's dev environment before this fix: a VPC-only Redis without the VPC.
+OLD_DEV = {"RedisUrl": "rediss://REPLACE-ME-dev-redis-endpoint:6379", "RedisMode": "cluster",
+           "SumeApiKeyName": "/sume-poller/dev/api-key", "LogRetentionDays": "14"}
+EMPTY_LISTS = pytest.mark.parametrize("empty", [[], [""]], ids=["empty-is-no-members", "empty-is-one-empty-member"])
+
+
+def test_the_rules_use_only_rule_functions() -> None:
+    rules = TEMPLATE.get("Rules") or {}
+    assert {"VpcPair", "ClusterRedisInVpc", "TimeScaleLocalOnly"} <= set(rules)
+    assert functions_used(rules) <= RULE_FUNCTIONS
+
+
+@EMPTY_LISTS
+def test_a_cluster_redis_on_aws_needs_subnets_and_security_groups(empty: list[str]) -> None:
+    assert any(v.startswith("ClusterRedisInVpc") for v in violations(OLD_DEV, empty))
+    assert violations({**OLD_DEV, **VPC}, empty) == []
+    assert violations({**OLD_DEV, "LocalEndpoints": "true"}, empty) == []  # a local cluster (tests)
+    assert violations({"RedisMode": "standalone"}, empty) == []
+    assert any(v.startswith("ClusterRedisInVpc") for v in violations({**OLD_DEV, "SubnetIds": "subnet-a"}, empty))
+
+
+@EMPTY_LISTS
+def test_subnets_and_security_groups_need_each_other(empty: list[str]) -> None:
+    assert [v.split(":")[0] for v in violations({"SubnetIds": "subnet-a"}, empty)] == ["VpcPair"]
+    assert [v.split(":")[0] for v in violations({"SecurityGroupIds": "sg-1"}, empty)] == ["VpcPair"]
+    assert violations(VPC, empty) == []
+    assert violations({**VPC, "LocalEndpoints": "true"}, empty) == []
+
+
+@EMPTY_LISTS
+def test_a_compressed_clock_is_refused_unless_local(empty: list[str]) -> None:
+    assert any(v.startswith("TimeScaleLocalOnly") for v in violations({"TimeScale": "0.05"}, empty))
+    assert violations({"TimeScale": "0.05", "LocalEndpoints": "true"}, empty) == []
+    assert violations({"TimeScale": "1"}, empty) == violations({}, empty) == []
+
+
+@EMPTY_LISTS
+@pytest.mark.parametrize("env", ["default", "dev", "prod"])
+def test_every_samconfig_environment_passes_the_rules_where_sync_reads_it_too(env: str, empty: list[str]) -> None:
+    parameters = samconfig_parameters(env)
+    assert violations(parameters, empty) == []
+    if env != "default":
+        assert parameters.get("RedisMode") == "cluster" and {"SubnetIds", "SecurityGroupIds"} <= set(parameters)
+
+
+def test_every_function_knows_whether_it_runs_in_a_vpc() -> None:
+    for overrides, expected in (({}, "false"), (VPC, "true")):
+        r = resolver(**overrides)
+        for lid in deployed(r, "AWS::Serverless::Function"):
+            assert function_spec(TEMPLATE, lid, r).environment["IN_VPC"] == expected, lid
+
+
+# -- item 14: costs and exposure -------------------------------------------------------------------------
+
+def test_the_public_webhook_url_cannot_take_the_accounts_concurrency() -> None:
+    spec = PARAMETERS["WebhookReservedConcurrency"]
+    assert spec["Type"] == "Number" and 1 <= spec["MinValue"] <= spec["Default"] <= spec["MaxValue"] <= 100
+    webhook = merged_function_properties(TEMPLATE, "WebhookFunction")
+    assert webhook["FunctionUrlConfig"]["AuthType"] == "NONE"
+    assert resolver(WebhookReservedConcurrency="7").resolve(webhook["ReservedConcurrentExecutions"]) == "7"
+
+
+def test_a_stale_schedule_tick_is_dropped_not_retried() -> None:
+    for lid in ("FanOutFunction", "SweepFunction"):
+        config = merged_function_properties(TEMPLATE, lid)["EventInvokeConfig"]
+        assert config == {"MaximumEventAgeInSeconds": 60, "MaximumRetryAttempts": 0}, lid
+
+
+@pytest.mark.parametrize("key", ["", KEY], ids=["sse-s3", "cmk"])
+def test_the_result_bucket_refuses_plain_http_and_expires_what_nobody_reads(key: str) -> None:
+    r = resolver(KmsKeyArn=key)
+    (policy,) = [r.resolve(p["Properties"]) for p in deployed(r, "AWS::S3::BucketPolicy").values()
+                 if p["Properties"]["Bucket"] == {"Ref": "ResultBucket"}]
+    bucket_arn = r.resolve({"Fn::GetAtt": ["ResultBucket", "Arn"]})
+    (deny,) = [s for s in policy["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+    assert deny["Principal"] == "*" and deny["Action"] == "s3:*"
+    assert set(deny["Resource"]) == {bucket_arn, f"{bucket_arn}/*"}
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+
+    bucket = r.resolve(RESOURCES["ResultBucket"]["Properties"])
+    rules = [rule for rule in bucket["LifecycleConfiguration"]["Rules"] if rule["Status"] == "Enabled"]
+    assert any(rule.get("NoncurrentVersionExpiration") == {"NoncurrentDays": 30} for rule in rules)
+    assert any(rule.get("AbortIncompleteMultipartUpload") == {"DaysAfterInitiation": 1} for rule in rules)
+    (unclaimed,) = [rule for rule in rules if rule.get("TagFilters")]
+    assert unclaimed["TagFilters"] == [{"Key": "sume-poller-attempt", "Value": "unclaimed"}]
+    assert unclaimed["ExpirationInDays"] == 1 and unclaimed["Prefix"] == "results/"
+    (encryption,) = bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert encryption.get("BucketKeyEnabled") is (True if key else None)
+
+
+def test_the_table_uses_the_free_aws_owned_key_unless_a_key_is_given() -> None:
+    assert resolver().resolve(RESOURCES["JobsTable"]["Properties"]["SSESpecification"]) == {"SSEEnabled": False}
+    assert resolver(KmsKeyArn=KEY).resolve(RESOURCES["JobsTable"]["Properties"]["SSESpecification"]) == {
+        "SSEEnabled": True, "SSEType": "KMS", "KMSMasterKeyId": KEY}
+
+
+def test_dead_letters_outlive_the_messages_they_were() -> None:
+    r = resolver()
+    retention = {q: int(r.resolve(RESOURCES[q]["Properties"]["MessageRetentionPeriod"])) for q in QUEUES}
+    assert retention["PollQueue"] == 4 * 86400
+    assert retention["PollDeadLetterQueue"] == retention["FailedInvocationsQueue"] == 14 * 86400
+    # A message keeps its first enqueue time in the DLQ: it must have time left there.
+    assert retention["PollDeadLetterQueue"] - retention["PollQueue"] >= 7 * 86400
+    # The queue-age alarm can fire only on a message still retained.
+    assert PARAMETERS["QueueAgeAlarmSeconds"]["MaxValue"] < retention["PollQueue"]
+
+
+SSM_NAMES = ("SumeApiKeyName", "WebhookSecretName")
+
+
+@pytest.mark.parametrize("name", SSM_NAMES)
+def test_ssm_parameter_names_need_their_leading_slash(name: str) -> None:
+    pattern = re.compile(PARAMETERS[name]["AllowedPattern"])
+    assert pattern.fullmatch(PARAMETERS[name]["Default"])
+    assert pattern.fullmatch("/sume-poller/prod/api-key")
+    assert not pattern.fullmatch("sume-poller/api-key")  # the IAM grant would be "parametersume-poller/..."
+    r = resolver(**{name: "/team/key", "WebhookSecretSource": "ssm"})
+    function = "PollFunction" if name == "SumeApiKeyName" else "WebhookFunction"
+    assert grants(role_statements(r, function), "ssm:GetParameter",
+                  "arn:aws:ssm:us-east-1:123456789012:parameter/team/key")
+
+
+def test_every_function_logs_into_its_own_log_group_created_first() -> None:
+    r = resolver()
+    groups = deployed(r, "AWS::Logs::LogGroup")
+    for lid in deployed(r, "AWS::Serverless::Function"):
+        bound = merged_function_properties(TEMPLATE, lid)["LoggingConfig"].get("LogGroup")
+        assert isinstance(bound, dict) and set(bound) == {"Ref"} and bound["Ref"] in groups, lid
+        group = groups[bound["Ref"]]["Properties"]
+        assert lid not in json.dumps(group["LogGroupName"]), f"{lid}'s log group refers back to it"
+        assert r.resolve(group["LogGroupName"]).startswith("/aws/lambda/sume-poller-")  # the stack's name
+        log_group_arn = r.resolve({"Fn::GetAtt": [bound["Ref"], "Arn"]})
+        assert grants(role_statements(r, lid), "logs:PutLogEvents", log_group_arn), lid
+    names = [r.resolve(g["Properties"]["LogGroupName"]) for g in groups.values()]
+    assert len(set(names)) == len(names)
+
+
+# -- roles: what SAM makes of the template ----------------------------------------------------------------
+
+#: Managed policies whose statements take Resource "*", and the feature that needs each.
+WILDCARD_POLICIES = {
+    "AWSLambdaVPCAccessExecutionRole": "vpc",
+    "AWSXrayWriteOnlyAccess": "tracing",
+    "AWSXRayDaemonWriteAccess": "tracing",
+    "AWSLambdaSQSQueueExecutionRole": None,  # replaced by statements on the poll queue
+    "AWSLambdaBasicExecutionRole": None,  # replaced by statements on each function's log group
+}
+TRANSLATIONS = {
+    "defaults": {},
+    "everything-on": {**EVERYTHING_ON, "KmsKeyArn": KEY, "RedisSecretName": "redis-user",
+                      "SumeApiKeySource": "secretsmanager", "WebhookSecretSource": "secretsmanager"},
+    "vpc": {**VPC, "RedisMode": "cluster"},
+    "tracing": {"Tracing": "Active"},
+    "vpc-tracing-webhooks": {**VPC, "Tracing": "Active", **EVERYTHING_ON},
+}
+
+
+def translate(parameters: Mapping[str, str]) -> Template:
+    """The template after the SAM transform (aws-sam-translator, the SAM CLI's version)."""
+    import boto3
+    from samtranslator.parser.parser import Parser
+    from samtranslator.translator.translator import Translator
+
+    document = json.loads(json.dumps(TEMPLATE))
+    for resource in document["Resources"].values():
+        for key in ("CodeUri", "ContentUri"):
+            if key in resource.get("Properties", {}):
+                resource["Properties"][key] = "s3://bucket/key"  # what sam package uploads
+    translator = Translator({}, Parser(), boto_session=boto3.session.Session(region_name="us-east-1"))
+    return Template(translator.translate(document, dict(parameters), get_managed_policy_map=dict))
+
+
+@pytest.mark.parametrize("case", sorted(TRANSLATIONS))
+def test_no_role_gets_a_wildcard_policy_its_feature_does_not_need(case: str) -> None:
+    parameters = {**REQUIRED, **TRANSLATIONS[case]}
+    translated = translate(parameters)
+    r = Resolver(translated, parameters=parameters)
+    features = {"vpc": r.condition("UseVpc"), "tracing": parameters.get("Tracing") == "Active"}
+    roles = {lid: res for lid, res in translated["Resources"].items() if res["Type"] == "AWS::IAM::Role"
+             and (not res.get("Condition") or r.condition(res["Condition"]))}
+    lambdas = {lid: res for lid, res in translated["Resources"].items() if res["Type"] == "AWS::Lambda::Function"
+               and (not res.get("Condition") or r.condition(res["Condition"]))}
+    assert {res["Properties"]["Role"]["Fn::GetAtt"][0] for res in lambdas.values()} <= set(roles)
+    for lid, role in roles.items():
+        props = r.resolve(role["Properties"], lid)
+        for arn in props.get("ManagedPolicyArns", []):
+            name = arn.rsplit("/", 1)[-1]
+            assert name in WILDCARD_POLICIES, f"{lid}: unknown managed policy {arn}"
+            feature = WILDCARD_POLICIES[name]
+            assert feature is not None and features[feature], f"{lid}: {name} attached with its feature off"
+        for policy in props.get("Policies", []):
+            for statement in policy["PolicyDocument"]["Statement"]:
+                resource = statement["Resource"]
+                assert "*" not in (resource if isinstance(resource, list) else [resource]), f"{lid}: {statement}"
+
+    poll = role_statements(r, "PollFunction")
+    queue = r.resolve({"Fn::GetAtt": ["PollQueue", "Arn"]})
+    for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ChangeMessageVisibility",
+                   "sqs:SendMessage"):
+        assert grants(poll, action, queue), action
+
+
+# -- what the layer needs from the template (item 10 and the result stream) --------------------------------
+
+def test_the_claim_ttl_fits_between_the_poll_timeout_and_the_queues_visibility_timeout() -> None:
+    visibility = int(RESOURCES["PollQueue"]["Properties"]["VisibilityTimeout"])
+    timeout = int(merged_function_properties(TEMPLATE, "PollFunction")["Timeout"])
+    assert (visibility, timeout) == (settings.POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS,
+                                     settings.POLL_FUNCTION_TIMEOUT_SECONDS)
+    assert PARAMETERS["ClaimTtlSeconds"]["MaxValue"] == visibility - timeout == settings.CLAIM_TTL_MAX_SECONDS
+    assert PARAMETERS["ClaimTtlSeconds"]["MinValue"] > timeout
+    assert str(visibility - timeout) in PARAMETERS["ClaimTtlSeconds"]["Description"]
+
+
+def test_the_poll_function_may_stream_results_and_is_told_their_limit() -> None:
+    spec = PARAMETERS["ResultMaxMegabytes"]
+    assert (spec["Default"], spec["MinValue"], spec["MaxValue"]) == (50, 1, 500)
+    r = resolver(ResultMaxMegabytes="7")
+    assert function_spec(TEMPLATE, "PollFunction", r).environment["RESULT_MAX_MEGABYTES"] == "7"
+    results = r.resolve({"Fn::Sub": "${ResultBucket.Arn}/results/*"})
+    statements = role_statements(r, "PollFunction")
+    for action in ("s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObjectTagging", "s3:DeleteObject",
+                   "s3:AbortMultipartUpload"):
+        assert grants(statements, action, results), action
+
+
+def test_a_misconfigured_redis_alarms_on_its_first_datapoint() -> None:
+    alarm = RESOURCES["RedisMisconfiguredAlarm"]["Properties"]
+    assert (alarm["Namespace"], alarm["MetricName"], alarm["Dimensions"]) == (
+        "SumePoller", "RedisMisconfigured", [{"Name": "service", "Value": "sume-poller"}])
+    assert (alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"], alarm["ComparisonOperator"]) == (
+        60, 1, 0, "GreaterThanThreshold")
+    body = json.loads(resolver().resolve(RESOURCES["Dashboard"]["Properties"]["DashboardBody"]))
+    (redis_line,) = [w for w in body["widgets"] if '"RedisUnavailable"' in json.dumps(w)]
+    assert '"RedisMisconfigured"' in json.dumps(redis_line)
+    assert "`RedisMisconfigured`" in (ROOT / "README.md").read_text()
