@@ -7,6 +7,7 @@ the real parts against the same contracts.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -78,8 +79,9 @@ class FakeLease:
             return True
         return False
 
-    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> HandOver | None:
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int, **until_slot: Any) -> HandOver | None:
         self._check()
+        self.hand_over_ttl = (ttl_ms, until_slot)
         value = self.values.get(job_id)
         if value is None:
             self.values[job_id] = f"{fresh_token}:0*"
@@ -119,6 +121,7 @@ class FakeBudget:
         self.feedback_seen: list[RateInfo] = []
         self.key_paused_for: float | None = None
         self.unlimited = False
+        self.early = 0.5
         self.per_minute = 120
         self.rate = 2.0
         self.takes = 0
@@ -159,7 +162,7 @@ class FakeGate:
     def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
               max_wait: float = math.inf, slot: float = 0.0) -> Passage:
         claim = self.lease.claim(job_id, step, fresh)
-        if claim is Claim.HELD or mode == "none":
+        if claim is not Claim.OWN or mode == "none":  # a fresh chain takes its slot after its record
             return Passage(claim)
         return Passage(claim, self.budget.take(mode, max_wait, slot))
 
@@ -167,9 +170,19 @@ class FakeGate:
 class FakePacer:
     def __init__(self) -> None:
         self.waits: list[float] = []
+        self.takes = 0
+        self.day_left: int | None = None
+        self.paused_until = 0.0
 
     def take(self) -> float:
+        self.takes += 1
         return self.waits.pop(0) if self.waits else 0.0
+
+    def learn(self, day_left: int | None) -> None:
+        self.day_left = day_left
+
+    def pause(self, until: float) -> None:
+        self.paused_until = until
 
 
 @dataclass
@@ -182,6 +195,7 @@ class FakeSume:
     listing: list[Any] = field(default_factory=list)
     creates: list[Any] = field(default_factory=list)
     calls: list[tuple[str, str]] = field(default_factory=list)
+    result_max_bytes: int = 50_000_000
 
     @staticmethod
     def _next(script: list[Any]) -> Any:
@@ -191,7 +205,7 @@ class FakeSume:
         self.calls.append(("status", job_id))
         return self._next(self.status[job_id])
 
-    def get_result(self, job_id: str, budget: float | None = None) -> Any:
+    def get_result(self, job_id: str, budget: float | None = None, **stream: Any) -> Any:
         self.calls.append(("result", job_id))
         return self._next(self.result[job_id]) if self.result[job_id] else Result({"url": "u"})
 
@@ -215,6 +229,7 @@ class FakeStore:
         self.records: dict[str, dict[str, Any]] = {}
         self.observations: dict[str, dict[str, tuple[float, float | None, float]]] = defaultdict(dict)
         self.down = False
+        self.results = None
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int, profile: str | None = None,
                     chain_due_at: float | None = None, extra: dict[str, Any] | None = None) -> bool:
@@ -242,11 +257,13 @@ class FakeStore:
         record.update(status=outcome.status, terminal_at=int(now), event_pending=True, sume_status=outcome.sume_status,
                       error=outcome.error, status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       reads=outcome.status_reads + outcome.result_reads, seen_running_at=outcome.seen_running_at,
-                      seen_terminal_at=outcome.seen_terminal_at,
-                      pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX))
-        if outcome.has_result:
-            record["result"] = outcome.result
+                      seen_terminal_at=outcome.seen_terminal_at, found_by=outcome.found_by,
+                      pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX), **outcome.result)
         return TerminalWrite(True, dict(record))
+
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
+        text = json.dumps(result, separators=(",", ":"))
+        return {"result_json": text, "result_bytes": len(text)}
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         record = self.records.get(job_id, {})
@@ -310,9 +327,11 @@ def status(name: str, hint: float | None = None, rate: RateInfo | None = None) -
     return Pending(name, hint, rate=rate or RateInfo())
 
 
-def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None) -> Any:
+def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None,
+         gated: bool = True) -> Any:
+    """A Terminal reply; ``gated``: it carried ``result_ready`` (Sume's gate for the result)."""
     from sume_poller.sume import Terminal
-    return Terminal(status_, status_, ready, error)
+    return Terminal(status_, status_, ready, error, gated=gated)
 
 
 def refused(why: str, http_status: int) -> Refused:
@@ -344,6 +363,9 @@ class FakeCoverage:
 
     def fail(self, route: str, retry_at: float) -> None:
         self.update(route=route, route_until=retry_at, healthy_until=0)
+
+    def fail_status(self, status: str, retry_at: float) -> None:
+        self.update(**{f"unfiltered:{status}": retry_at}, healthy_until=0)
 
     def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float) -> dict[str, tuple[int, int]]:
         verdicts = {}

@@ -20,6 +20,8 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     metrics.add_metric(name="FanOutOutboxSent", unit=MetricUnit.Count, value=report.outbox_sent)
     metrics.add_metric(name="FanOutSendFailed", unit=MetricUnit.Count, value=report.send_failed)
     metrics.add_metric(name="RedisUnavailable", unit=MetricUnit.Count, value=int(report.redis_unavailable))
+    metrics.add_metric(name="RedisMisconfigured", unit=MetricUnit.Count, value=int(report.redis_misconfigured))
+    metrics.add_metric(name="FanOutOutboxBackingOff", unit=MetricUnit.Count, value=report.outbox_backing_off)
     if report.pending_counted is not None:
         metrics.add_metric(name="PendingJobs", unit=MetricUnit.Count, value=report.pending_counted)
     logger.info("fan-out finished", extra=report.as_dict())

@@ -25,6 +25,8 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                         ("SweepRouteBroken", int((report.incomplete_reason or "").startswith("route"))),
                         ("SweepMiss", sum(missed for _, missed in report.coverage.values()))):
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+    if (report.why_not or "").startswith("RedisMisconfigured"):
+        metrics.add_metric(name="RedisMisconfigured", unit=MetricUnit.Count, value=1)
     for kind, (covered, _) in report.coverage.items():
         with single_metric(name="SweepCovered", unit=MetricUnit.Count, value=covered) as metric:
             metric.add_dimension(name="kind", value=kind)

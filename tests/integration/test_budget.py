@@ -264,10 +264,28 @@ def test_unlimited_budget_never_touches_redis(rdb: redis.Redis, clock: VirtualCl
     assert rdb.exists(b.key) == 0
 
 
-def test_local_pacer_gives_each_container_its_share() -> None:
+def test_the_outage_pacer_spends_a_share_of_the_minute_and_of_what_the_day_has_left() -> None:
+    """Without Redis each of 4 containers takes a quarter of the shared limiter's minute (115 of
+    Sume's 120: one per 2.09 s), and of the day's budget its quarter of what the limiter last said
+    the day had left; past that, a quarter of the day's average rate."""
     clock = VirtualClock()
-    pacer = LocalPacer(rate=2.0, share=4, now=clock)  # 2 reads/s shared by 4 containers: 1 per 2 s each
-    assert [pacer.take() for _ in range(3)] == [0.0, 2.0, 4.0]
+    pacer = LocalPacer(per_minute=120, per_day=10_000, share=4, now=clock)
+    pacer.learn(day_left=12)  # the day is nearly spent: 3 reads for this container
+    waits = [pacer.take() for _ in range(5)]
+    minute = 60 / (granted_per_window(120) / 4)
+    day = 86_400 / (granted_per_window(10_000) / 4)
+    assert waits == pytest.approx([0.0, minute, 2 * minute, 3 * minute, 3 * minute + day])
+    pacer.pause(clock() + 1_000.0)  # Sume said 429, Retry-After 1000
+    assert pacer.take() == pytest.approx(1_000.0)
+
+
+def test_a_container_that_never_heard_from_redis_assumes_an_evenly_spent_day() -> None:
+    clock = VirtualClock()
+    clock.t = 1_800_000_000.0 - 1_800_000_000.0 % 86_400 + 0.75 * 86_400  # three quarters of the UTC day gone
+    pacer = LocalPacer(per_minute=120, per_day=10_000, share=5, now=clock)
+    minute = 60 / (granted_per_window(120) / 5)
+    waits = [pacer.take() for _ in range(510)]  # a quarter of the day's 10,000, shared by 5: 500
+    assert waits[498] == pytest.approx(498 * minute) and waits[505] - waits[504] > 10 * minute
 
 
 def test_the_gate_claims_and_takes_in_one_script_and_skips_the_take_when_the_claim_fails(

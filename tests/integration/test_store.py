@@ -23,7 +23,8 @@ def store(template_resources: Provisioned) -> JobStore:
 def test_the_terminal_write_wins_once_and_the_loser_sees_the_record(store: JobStore) -> None:
     assert store.put_pending("job_1", "video", now=NOW, deadline_at=int(NOW) + 60, chain_due_at=NOW + 2.5)
     assert not store.put_pending("job_1", "video", now=NOW, deadline_at=int(NOW) + 60)
-    ending = Ending("completed", "succeeded", None, {"url": "u"}, True, 3, 1, NOW + 10.5, NOW + 20.25)
+    ending = Ending("completed", "succeeded", None, store.result_fields("job_1", {"url": "u"}), 3, 1, NOW + 10.5,
+                    NOW + 20.25)
     won = store.record_terminal("job_1", ending, now=NOW + 21)
     assert won.won and won.record is not None and won.record["pending_shard"].startswith("o")
     lost = store.record_terminal("job_1", Ending("failed"), now=NOW + 22)
@@ -39,17 +40,46 @@ def test_the_terminal_write_wins_once_and_the_loser_sees_the_record(store: JobSt
 @pytest.mark.parametrize("result", [[{"url": "a"}, {"url": "b"}], "https://x/y", 42, None])
 def test_any_json_result_is_stored_whole(store: JobStore, result: object) -> None:
     store.put_pending("job_r", "image", now=NOW, deadline_at=int(NOW) + 60)
-    store.record_terminal("job_r", Ending("completed", has_result=True, result=result), now=NOW)
+    store.record_terminal("job_r", Ending("completed", result=store.result_fields("job_r", result)), now=NOW)
     assert json.loads(store.get("job_r")["result_json"]) == result  # type: ignore[index]
 
 
 def test_a_large_result_goes_to_s3_whole_and_the_record_keeps_the_pointer(store: JobStore) -> None:
     big = {"frames": ["x" * 1000] * 400}
     store.put_pending("job_big", "video", now=NOW, deadline_at=int(NOW) + 60)
-    record = store.record_terminal("job_big", Ending("completed", has_result=True, result=big), now=NOW).record
+    fields = store.result_fields("job_big", big)
+    record = store.record_terminal("job_big", Ending("completed", result=fields), now=NOW).record
     assert record is not None and "result_json" not in record and record["result_bytes"] > INLINE_RESULT_BYTES
     body = boto3.client("s3").get_object(Bucket="results", Key=record["result_s3_key"])["Body"].read()
     assert json.loads(body) == big
+
+
+def tags(key: str) -> dict[str, str]:
+    reply = boto3.client("s3").get_object_tagging(Bucket="results", Key=key)
+    return {t["Key"]: t["Value"] for t in reply["TagSet"]}
+
+
+def test_racing_attempts_write_objects_of_their_own_and_the_record_points_at_the_winners(store: JobStore) -> None:
+    """Two attempts fetched the result (a signed URL differs per fetch) and both stored it: each
+    under a key of its own, tagged unclaimed. The winner's write points at its object, the outbox
+    claims it; the loser removes its own (or the lifecycle rule on the tag expires it)."""
+    bucket = store.results
+    assert bucket is not None
+    store.put_pending("job_race", "video", now=NOW, deadline_at=int(NOW) + 60)
+    first = bucket.put("job_race", b'{"url": "https://cdn/a?sig=1"}' * 5_000)
+    second = bucket.put("job_race", b'{"url": "https://cdn/a?sig=2"}' * 4_000)
+    assert first["result_s3_key"] != second["result_s3_key"] and tags(first["result_s3_key"]) == {
+        "sume-poller-attempt": "unclaimed"}
+    won = store.record_terminal("job_race", Ending("completed", result=first), now=NOW)
+    lost = store.record_terminal("job_race", Ending("completed", result=second), now=NOW)
+    assert won.won and not lost.won and lost.record is not None
+    bucket.discard(second["result_s3_key"])
+    bucket.claim(lost.record["result_s3_key"])
+    s3 = boto3.client("s3")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="results", Prefix="results/job_race/")["Contents"]]
+    assert keys == [first["result_s3_key"]] and tags(first["result_s3_key"]) == {}
+    body = s3.get_object(Bucket="results", Key=first["result_s3_key"])["Body"].read()
+    assert len(body) == store.get("job_race")["result_bytes"]  # type: ignore[index]  # the record and its object agree
 
 
 def test_the_fence_lets_one_step_read_while_redis_is_down(store: JobStore) -> None:

@@ -10,7 +10,7 @@ from fakes import FakeBudget, FakeClock, FakeCoverage, FakeLease, FakeQueue, Fak
 
 from sume_poller.budget import Grant
 from sume_poller.lease import new_token
-from sume_poller.messages import RESULT_PHASE, parse_message
+from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, parse_message
 from sume_poller.sume import Listing
 from sume_poller.sweep import Sweeper, SweepSettings
 from sume_poller.webhook import WebhookReceiver, signature
@@ -43,7 +43,9 @@ def page(*items: tuple[str, str], cursor: str | None = None, has_cursor: bool = 
     return Listing(tuple({"id": i, "status": s} for i, s in items), cursor, has_cursor)
 
 
-def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_chain(parts: Parts) -> None:
+def test_a_sweep_hands_listed_pending_jobs_over_to_a_read_that_confirms_them(parts: Parts) -> None:
+    """A completed job gets its result read (the proof), a failed one its status read: a list
+    never makes a job terminal by itself."""
     token = parts.pending("job_done")
     parts.pending("job_failed", "image")
     parts.sume.listing = [page(("job_done", "completed"), ("job_other_workspace", "completed")),
@@ -52,9 +54,10 @@ def test_a_sweep_hands_listed_pending_jobs_to_a_finishing_step_and_fences_the_ch
     assert report.complete and report.handed_over == 2 and report.reads == 4
     first = parse_message(parts.queue.sent[0].body)
     assert (first.token, first.seq, first.phase, first.found_by) == (token, 4, RESULT_PHASE, "sweep")
-    assert first.outcome == {"status": "completed", "sume_status": "completed"}
+    assert first.outcome == {"status": "completed", "sume_status": "completed", "source": "list"}
     assert parts.lease.values["job_done"] == f"{token}:4*"  # the chain's waiting step 3 is fenced out
-    assert parse_message(parts.queue.sent[1].body).outcome["status"] == "failed"  # type: ignore[index]
+    failed = parse_message(parts.queue.sent[1].body)
+    assert (failed.phase, failed.outcome, failed.found_by) == (STATUS_PHASE, None, "sweep")
 
 
 def test_a_completed_job_handed_over_takes_the_read_slot_its_fenced_step_had_reserved(parts: Parts) -> None:
@@ -102,14 +105,15 @@ def test_a_job_mid_poll_is_left_to_its_chain(parts: Parts) -> None:
 
 
 def test_a_full_page_without_a_cursor_proves_nothing(parts: Parts) -> None:
-    parts.sume.listing = [Listing(tuple({"id": f"job_{i}", "status": "completed"} for i in range(100)), None, False)]
+    parts.sume.listing = [Listing(tuple({"id": f"job_{i}", "status": "completed"} for i in range(100)), None, False),
+                          page(), page(), page()]
     report = parts.sweeper().run()
     assert not report.complete and "without a usable cursor" in (report.incomplete_reason or "")
     assert "healthy_until" not in parts.coverage.fields
 
 
 def test_the_page_cap_makes_a_sweep_incomplete(parts: Parts) -> None:
-    parts.sume.listing = [page(("job_x", "completed"), cursor="next")]
+    parts.sume.listing = [page(("job_x", "completed"), cursor=f"c{i}") for i in range(3)]
     report = parts.sweeper(max_pages=3).run()
     assert not report.complete and "capped at 3" in (report.incomplete_reason or "")
 

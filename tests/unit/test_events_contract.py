@@ -187,7 +187,7 @@ def test_the_result_phase_sample_is_a_handed_over_finishing_step() -> None:
     (record,) = SQSEvent(load("poll_result_phase.json")).records
     message = parse_message(record.body)
     assert message.phase == RESULT_PHASE and message.found_by == "sweep" and message.seq > 0
-    assert message.outcome == {"status": "completed", "sume_status": "completed"}
+    assert message.outcome == {"status": "completed", "sume_status": "completed", "source": "list"}
 
 
 # ---------------------------------------------------------------------------------------------- schedules
@@ -361,6 +361,7 @@ V2_FIELDS: dict[str, tuple[str, Any]] = {
     "slot_at": ("float | None", None),
     "found_by": ("str | None", None),
     "normal_due": ("float | None", None),
+    "paced_at": ("float | None", None),
     "v": ("int", 2),
 }
 #: JSON types of each field in a body (bool is never an int here).
@@ -368,7 +369,8 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "job_id": (str,), "kind": (str,), "deadline_at": (int,), "due_at": (int, float), "token": (str,), "seq": (int,),
     "submitted_at": (int,), "profile": (str,), "reads": (int,), "result_reads": (int,), "errors": (int,),
     "seen_running_at": (int, float), "phase": (str,), "outcome": (dict,), "seen_terminal_at": (int, float),
-    "result_waits": (int,), "slot_at": (int, float), "found_by": (str,), "normal_due": (int, float), "v": (int,),
+    "result_waits": (int,), "slot_at": (int, float), "found_by": (str,), "normal_due": (int, float),
+    "paced_at": (int, float), "v": (int,),
 }
 #: What every v2 body carries (None-valued fields are left out).
 ALWAYS_WRITTEN = {"v", "job_id", "kind", "deadline_at", "due_at", "token", "seq", "reads", "result_reads", "errors",

@@ -16,8 +16,10 @@ def test_a_v2_message_round_trips_with_every_field() -> None:
     msg = PollMessage(job_id="job_1", kind="video", deadline_at=1_900_000_000, due_at=1_800_000_123.5, token=TOKEN,
                       seq=4, submitted_at=1_800_000_000, profile="video|d16", reads=3, result_reads=1, errors=2,
                       seen_running_at=1_800_000_100.0, phase=RESULT_PHASE,
-                      outcome={"status": "completed", "sume_status": "succeeded"},
-                      seen_terminal_at=1_800_000_120.0, result_waits=2, slot_at=1_800_000_123.5)
+                      outcome={"status": "completed", "sume_status": "succeeded", "source": "status",
+                               "result_ready": False},
+                      seen_terminal_at=1_800_000_120.0, result_waits=2, slot_at=1_800_000_123.5,
+                      found_by="sweep", normal_due=1_800_000_200.0, paced_at=1_800_000_130.0)
     assert parse_message(msg.to_json()) == msg
     assert json.loads(msg.to_json())["v"] == VERSION
 
@@ -47,7 +49,24 @@ def test_messages_of_the_previous_version_still_parse() -> None:
     (json.dumps({"v": 1, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "reads": 1}),
      "unknown fields"),
     ("x" * 5000, "larger than"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+                 "phase": "result", "outcome": {"status": "failed", "source": "rumour"}}), "outcome.source"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+                 "phase": "result", "outcome": {"status": "completed", "result_ready": "no"}}), "result_ready"),
+    (json.dumps({"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+                 "phase": "result", "outcome": {"status": "completed", "payload": {}}}), "unknown outcome fields"),
 ])
 def test_poison_is_refused_with_a_clear_reason(body: str, reason: str) -> None:
     with pytest.raises(MessageError, match=reason):
         parse_message(body)
+
+
+def test_an_outcome_from_before_sources_were_recorded_is_never_taken_as_confirmed() -> None:
+    """Messages queued by the previous release: a failure in the result phase came from a list (a
+    status read now confirms it); a completed one was the job's own status."""
+    base = {"v": 2, "job_id": "job_1", "kind": "image", "deadline_at": 1, "due_at": 0, "token": TOKEN,
+            "phase": "result"}
+    failed = parse_message(json.dumps({**base, "outcome": {"status": "failed", "sume_status": "failed"}}))
+    completed = parse_message(json.dumps({**base, "outcome": {"status": "completed"}}))
+    assert failed.outcome == {"status": "failed", "sume_status": "failed", "source": "list"}
+    assert completed.outcome == {"status": "completed", "source": "status"}

@@ -3,6 +3,7 @@ state and budget answer leads to. Each failure mode a real deployment meets has 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass, field, replace
@@ -28,10 +29,11 @@ from sume_poller.budget import Grant, RateInfo
 from sume_poller.coverage import Coverage, is_canary
 from sume_poller.durations import LogNormal
 from sume_poller.lease import new_token
-from sume_poller.messages import RESULT_PHASE, PollMessage, parse_message
-from sume_poller.poller import Deadline, Outcome, Poller, completion_interval
+from sume_poller.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
+from sume_poller.poller import PACED_HOP, Deadline, Outcome, Poller, completion_interval
+from sume_poller.redisconn import Breaker
 from sume_poller.settings import PollSettings
-from sume_poller.sume import Listing, Result
+from sume_poller.sume import Listing, Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}
@@ -54,7 +56,8 @@ class Rig:
         settings = replace(settings, common=replace(settings.common, clock=self.clock))
         self.poller = Poller(settings, gate=FakeGate(self.lease, self.budget), budget=self.budget,  # type: ignore[arg-type]
                              pacer=self.pacer, sume=self.sume, store=self.store, bus=self.bus,  # type: ignore[arg-type]
-                             queue=self.queue, rng=random.Random(7))  # type: ignore[arg-type]
+                             queue=self.queue, rng=random.Random(7),  # type: ignore[arg-type]
+                             breaker=Breaker(open_for=0.0))
 
     def submit(self, job_id: str = "job_a", kind: str = "image") -> PollMessage:
         """Record a job and start its chain, as submit does; the first message, due now."""
@@ -107,7 +110,7 @@ def test_a_chain_runs_to_its_terminal_write_and_one_event(rig: Rig) -> None:
     outcomes = rig.follow(rig.submit())
     assert [o.name for o in outcomes] == ["requeued", "requeued", "terminal"]
     record = rig.store.records["job_a"]
-    assert record["status"] == "completed" and record["result"] == {"url": "u"}
+    assert record["status"] == "completed" and record["result_json"] == '{"url":"u"}'
     assert "pending_shard" not in record and "event_pending" not in record
     assert [j for j, _ in rig.bus.events] == ["job_a"] and "job_a" not in rig.lease.values
     assert (record["status_reads"], record["result_reads"]) == (3, 1)
@@ -164,27 +167,164 @@ def test_redis_down_a_chain_keeps_polling_on_its_own_schedule_fenced_against_dup
     assert rig.run(nxt).name == "terminal" and rig.store.records["job_a"]["status"] == "completed"
 
 
-def test_redis_down_reads_are_paced_per_container(rig: Rig) -> None:
+def test_redis_down_reads_are_paced_per_container_and_a_waiting_step_keeps_its_slot(rig: Rig) -> None:
+    """The outage pacer's slot rides in the message: the step comes back (at least every
+    PACED_HOP, in case Redis returns) and reads at its slot without reserving another."""
     msg = rig.submit()
     rig.lease.down = True
-    rig.pacer.waits = [12.0]
+    rig.pacer.waits = [100.0]
+    rig.sume.status["job_a"] = [status("running")]
     out = rig.run(msg)
-    assert out.name == "budget_wait" and rig.sume.calls == []
-    assert rig.next_of(out).due_at == pytest.approx(rig.clock.now() + 12.0)
+    waiting = rig.next_of(out)
+    assert out.name == "budget_wait" and rig.sume.calls == [] and rig.pacer.takes == 1
+    assert waiting.paced_at == pytest.approx(rig.clock.now() + 100.0) and waiting.due_at == pytest.approx(
+        rig.clock.now())  # its own due time is unchanged: Redis back, it reads at once
+    assert out.send is not None and out.send.delay == PACED_HOP
+    rig.clock.advance(PACED_HOP)
+    again = rig.run(waiting)
+    assert again.name == "budget_wait" and rig.pacer.takes == 1 and rig.sume.calls == []  # no second slot
+    rig.clock.t = waiting.paced_at  # type: ignore[assignment]
+    read = rig.run(rig.next_of(again))
+    assert read.name == "requeued" and rig.sume.reads("status") == 1 and rig.pacer.takes == 1
 
 
-def test_a_completed_job_whose_result_is_late_waits_in_the_result_phase_without_status_reads(rig: Rig) -> None:
-    """A result that becomes ready 40 minutes after completion: backoff, never timed_out early,
-    and once Sume said terminal the status is never read again."""
-    rig.sume.status["job_a"] = [done(ready=False)]
-    not_ready = retry(409)
-    rig.sume.result["job_a"] = [not_ready] * 12 + [Result({"url": "u"})]
+def test_redis_back_a_step_that_waited_for_the_pacer_reads_at_its_own_due_time(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running")]
+    msg = rig.submit()
+    rig.lease.down = True
+    rig.pacer.waits = [500.0]
+    waiting = rig.next_of(rig.run(msg))
+    rig.lease.down = False
+    rig.lease.values["job_a"] = f"{msg.token}:1"
+    rig.clock.advance(PACED_HOP)
+    out = rig.run(waiting)
+    assert out.name == "requeued" and rig.sume.reads("status") == 1 and rig.next_of(out).paced_at is None
+
+
+def test_a_result_sume_says_is_not_ready_is_waited_for_on_the_status_then_read_once(rig: Rig) -> None:
+    """Sume's gate decides: while the status says result_ready false the wait reads the status
+    (result-phase backoff), never the result route; once it says true, one result read."""
+    rig.sume.status["job_a"] = [done(ready=False)] * 8 + [done(ready=True)]
     msg = rig.submit()
     outcomes = rig.follow(msg)
-    assert outcomes[-1].name == "terminal" and rig.store.records["job_a"]["status"] == "completed"
-    assert rig.sume.reads("status") == 1
-    assert rig.sume.reads("result") == 13
-    assert rig.clock.now() - msg.due_at > 40 * 60  # the waits grew: 13 fetches covered over 40 minutes
+    assert [o.name for o in outcomes] == ["result_not_ready"] * 8 + ["terminal"]
+    assert rig.sume.reads("status") == 9 and rig.sume.reads("result") == 1
+    record = rig.store.records["job_a"]
+    assert record["status"] == "completed" and record["result_json"] == '{"url":"u"}'
+    assert record["seen_terminal_at"] == msg.due_at  # when Sume first said it was done
+    assert rig.clock.now() - msg.due_at > 10 * 60  # the waits grew (5 s doubling)
+
+
+@pytest.mark.parametrize("not_there", [refused("not_found", 404), retry(409), retry(425)])
+def test_without_a_gate_the_wait_reads_the_result_route_until_the_result_comes(rig: Rig, not_there: object) -> None:
+    """No ``result_ready`` in the status: the result is assumed ready; whatever the route answers
+    while it is not (404, 409 or 425: the contract does not say) is waited out on the result route,
+    never recorded as "no result", and the status is not read again."""
+    rig.sume.status["job_a"] = [done(gated=False)]
+    rig.sume.result["job_a"] = [not_there] * 6 + [Result({"url": "u"})]
+    outcomes = rig.follow(rig.submit())
+    assert outcomes[-1].name == "terminal" and rig.store.records["job_a"]["result_json"] == '{"url":"u"}'
+    assert rig.sume.reads("status") == 1 and rig.sume.reads("result") == 7
+    assert "error" not in rig.store.records["job_a"] or rig.store.records["job_a"]["error"] is None
+
+
+def test_a_result_that_never_comes_ends_only_at_the_deadline(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [done()]
+    rig.sume.result["job_a"] = [refused("not_found", 404)]
+    outcomes = rig.follow(rig.submit(), steps=200)
+    record = rig.store.records["job_a"]
+    assert outcomes[-1].status == "timed_out" and record["error"]["code"] == "result_not_ready"
+    assert record["sume_status"] == "completed" and rig.sume.reads("status") == 1
+    assert rig.sume.reads("result") < 24 * 6 + 10  # the backoff reaches 10 minutes: bounded by the deadline
+
+
+def test_a_job_a_list_called_completed_whose_result_is_not_there_goes_back_to_its_status_once(rig: Rig) -> None:
+    msg = rig.submit()
+    handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="sweep", seen_terminal_at=rig.clock.now(),
+                      outcome={"status": "completed", "sume_status": "completed", "source": "list"})
+    rig.lease.values["job_a"] = f"{msg.token}:1*"
+    rig.sume.result["job_a"] = [refused("not_found", 404)]
+    rig.sume.status["job_a"] = [status("running")]
+    back = rig.run(handed)
+    nxt = rig.next_of(back)
+    assert back.name == "unconfirmed" and nxt.phase == "status" and nxt.outcome is None
+    out = rig.run(nxt)  # the list was wrong: the job runs, and its chain goes on
+    assert out.name == "requeued" and rig.store.records["job_a"]["status"] == "pending"
+    assert rig.sume.reads("result") == 1 and rig.sume.reads("status") == 1
+
+
+def test_a_failure_a_list_or_webhook_reported_is_recorded_only_after_the_jobs_status_says_so(rig: Rig) -> None:
+    msg = rig.submit()
+    for source, job_status, expected in (("list", status("running"), "pending"),
+                                         ("webhook", done("failed", error={"code": "x"}), "failed")):
+        rig.sume.status["job_a"] = [job_status]
+        # a message from before this release: a failure outcome in the result phase
+        handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="sweep", token=msg.token,
+                          outcome={"status": "failed", "sume_status": "failed", "source": source})
+        rig.lease.values["job_a"] = f"{msg.token}:1*"
+        rig.run(handed)
+        assert rig.store.records["job_a"]["status"] == expected
+    assert rig.sume.reads("status") == 2 and rig.store.records["job_a"]["found_by"] == "sweep"
+
+
+def test_a_result_over_the_maximum_is_recorded_completed_without_it(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [done()]
+    rig.sume.result["job_a"] = [Oversized(80_000_000)]
+    out = rig.run(rig.submit())
+    record = rig.store.records["job_a"]
+    assert out.status == "completed" and record["error"]["code"] == "result_too_large"
+    assert record["result_bytes"] == 80_000_000 and "result_json" not in record and len(rig.bus.events) == 1
+
+
+def test_the_result_read_right_after_a_terminal_status_respects_the_deadline(rig: Rig) -> None:
+    msg = rig.submit()
+    rig.sume.status["job_a"] = [done()]
+    rig.clock.t = msg.deadline_at - 0.01
+    late = msg.next(due_at=rig.clock.t)
+
+    def reading_takes_time(job_id: str, budget: float | None = None) -> object:
+        rig.clock.advance(1.0)  # the status read crosses the deadline
+        return done()
+
+    rig.sume.get_status = reading_takes_time  # type: ignore[method-assign]
+    out = rig.run(late)
+    assert out.status == "timed_out" and rig.sume.reads("result") == 0
+
+
+def test_a_message_that_only_finishes_an_outbox_takes_no_read_slot(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [done("failed")]
+    msg = rig.submit()
+    rig.bus.fail_next = 1
+    with pytest.raises(RuntimeError):
+        rig.run(msg)
+    takes = rig.budget.takes
+    rig.lease.values.clear()  # fan-out's outbox message: no lease of its own
+    out = rig.run(msg.next(token=new_token()))
+    assert out.name == "outbox" and rig.budget.takes == takes  # the record said: no read, so no slot
+
+
+def test_fan_outs_outbox_message_finishes_the_outbox_whatever_holds_the_lease(rig: Rig) -> None:
+    """A poller crashed right after the terminal write: its claim still holds the lease. Fan-out's
+    outbox message needs neither lease nor read nor slot: it finishes the outbox from the record."""
+    rig.sume.status["job_a"] = [done("failed")]
+    msg = rig.submit()
+    rig.bus.fail_next = 1
+    with pytest.raises(RuntimeError):
+        rig.run(msg)
+    assert "!" in rig.lease.values["job_a"]  # the crashed delivery's claim
+    out = rig.run(msg.next(token=new_token(), seq=0, phase=OUTBOX_PHASE))
+    assert out.name == "outbox" and len(rig.bus.events) == 1 and rig.budget.takes == 1
+    assert "event_pending" not in rig.store.records["job_a"]
+    assert rig.run(msg.next(token=new_token(), seq=0, phase=OUTBOX_PHASE)).name == "duplicate"
+
+
+def test_a_fresh_chain_of_a_pending_job_takes_its_slot_after_reading_the_record(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [status("running")]
+    msg = rig.submit()
+    rig.lease.values.clear()
+    rig.budget.grants = [Grant(True, 30.0)]
+    out = rig.run(msg)
+    assert out.name == "budget_wait" and rig.budget.takes == 1 and rig.sume.calls == []
 
 
 def test_a_result_is_any_json_value_stored_whole(rig: Rig) -> None:
@@ -192,7 +332,20 @@ def test_a_result_is_any_json_value_stored_whole(rig: Rig) -> None:
         rig.sume.status[job_id] = [done()]
         rig.sume.result[job_id] = [Result(payload)]
         rig.follow(rig.submit(job_id))
-        assert rig.store.records[job_id]["result"] == payload
+        assert json.loads(rig.store.records[job_id]["result_json"]) == payload
+
+
+def test_the_key_check_takes_its_reads_from_the_budget(rig: Rig) -> None:
+    rig.sume.status["job_f"] = [refused("forbidden", 403)]
+    rig.sume.listing = [Listing(({"id": "job_x"},), None, False)]
+    rig.budget.grants = [Grant(True, 0.0), Grant(False, 20.0)]  # the job's read, then no slot free for the check
+    out = rig.run(rig.submit("job_f"))
+    assert out.name == "transient" and rig.sume.reads("list") == 0  # asked again later, nothing decided
+    assert rig.budget.modes[-1] == "ahead" and rig.budget.patience[-1] == 0.0
+    assert rig.store.records["job_f"]["status"] == "pending"
+    rig.clock.advance(60)
+    out = rig.run(rig.next_of(out))
+    assert out.status == "failed" and rig.sume.reads("list") == 1 and rig.budget.takes == 4
 
 
 def test_a_403_fails_only_that_job_when_the_key_check_passes(rig: Rig) -> None:

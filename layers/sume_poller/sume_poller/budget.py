@@ -96,13 +96,21 @@ local function lane_window(configured, learned, span, share)
 end
 
 -- a granted slot: read now if it is this close (one read less left in Sume's window)
-local function granted(key, now, wait, early, rm, rr, pending, au)
+local function granted(key, now, wait, early, rm, rr, pending, au, dl)
   if wait <= early then
     wait = 0
     if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
   end
   redis.call('PEXPIRE', key, 172800000)
-  return {1, wait, pending, (au > now) and 2 or 0}
+  return {1, wait, pending, (au > now) and 2 or 0, dl}
+end
+
+-- reads the day window still grants over the next day (-1: no day limit): what a container may
+-- spend a share of while Redis is down (LocalPacer)
+local function day_left(td, cfg_d, learned, share, now)
+  local t, tau = window(cfg_d, learned, 86400000, share)
+  if t <= 0 then return -1 end
+  return math.max(0, math.floor((now + 86400000 + tau - math.max(td, now)) / t))
 end
 
 local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count)
@@ -118,6 +126,7 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
   local paused = math.max(pz, au)
   local exhausted = rm ~= nil and rm <= reserve and now < rr
   local owed = tonumber(s[15]) or 0
+  local dl = day_left(td, cfg_d, s[8], share, now)
   if mode == 'confirm' or mode == 'rconfirm' then
     if now >= paused and not exhausted and slot <= now + early then
       if mode == 'confirm' and owed > 0 then
@@ -126,7 +135,7 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
         redis.call('HSET', key, 'db', owed)
       else
         if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-        return {1, 0, pending, 0}
+        return {1, 0, pending, 0, dl}
       end
     end
     mode = 'take'
@@ -160,10 +169,10 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
         if exhausted and at < rr then at = rr end
         local wait = at - now
         if max_wait >= 0 and wait > max_wait then
-          return {0, wait, pending, (au > now) and 2 or 1}
+          return {0, wait, pending, (au > now) and 2 or 1, dl}
         end
         redis.call('HSET', key, 'db', owed + 1, 'ha', at + t)
-        return granted(key, now, wait, early, rm, rr, pending, au)
+        return granted(key, now, wait, early, rm, rr, pending, au, dl)
       end
     end
   end
@@ -174,14 +183,14 @@ local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, 
   if t_d > 0 then at = math.max(at, td - tau_d - ahead * t_d + (count - 1) * t_d) end
   if exhausted and at < rr then at = rr end
   local wait = at - now
-  if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0} end
+  if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0, dl} end
   if max_wait >= 0 and wait > max_wait then
-    return {0, wait, pending, (au > now) and 2 or 1}
+    return {0, wait, pending, (au > now) and 2 or 1, dl}
   end
   if t_m > 0 then tm = math.max(tm, at) + count * t_m end
   if t_d > 0 then td = math.max(td, at) + count * t_d end
   redis.call('HSET', key, fm, tm, fd, td)
-  return granted(key, now, wait, early, rm, rr, pending, au)
+  return granted(key, now, wait, early, rm, rr, pending, au, dl)
 end
 """
 
@@ -259,6 +268,8 @@ class Grant:
     #: Pending jobs as fan-out last counted them (None: unknown).
     pending: int | None = None
     key_paused: bool = False
+    #: Reads the day window still grants over the next day (None: no day limit or not told).
+    day_left: int | None = None
 
     @property
     def now(self) -> bool:
@@ -267,7 +278,8 @@ class Grant:
     @classmethod
     def from_reply(cls, reply: list[Any]) -> Grant:
         granted, wait_ms, pending, reason = (int(x) for x in reply[:4])
-        return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2)
+        day_left = int(reply[4]) if len(reply) > 4 and int(reply[4]) >= 0 else None
+        return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2, day_left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,19 +396,54 @@ class Budget:
 
 
 class LocalPacer:
-    """Fail-safe pacing for one container while Redis is unreachable: at most ``rate / share``
-    reads per clock second from this container, so all containers together stay inside the budget."""
+    """Pacing for one container while Redis is unreachable (no shared limiter), by this rule:
 
-    def __init__(self, rate: float, share: int, now: Callable[[], float] = time.time) -> None:
-        self.interval = 0.0 if math.isinf(rate) or rate <= 0 else share / rate
+    * the per-minute limit is a hard ceiling that ``share`` containers keep without talking to
+      each other: each grants itself at most ``1/share`` of what the shared limiter grants a minute
+      (:func:`granted_per_window`), evenly spaced;
+    * the day budget is a total, not a pace: at that minute pace a container may spend up to its
+      share (``1/share``) of what the day has left - as the shared limiter last told it
+      (:meth:`learn`, on every grant while Redis answered), or, for a container that never heard,
+      what an evenly spent day has left (the day budget times the part of the UTC day still
+      ahead). Past that share it falls back to its share of the day's average rate;
+    * a 429's ``Retry-After`` pauses it (:meth:`pause`).
+
+    Slots are reserved: :meth:`take` says how far away this container's next one is, and a
+    message that waits for it carries it (``PollMessage.paced_at``) instead of taking another.
+    """
+
+    def __init__(self, per_minute: int, per_day: int, share: int, now: Callable[[], float] = time.time) -> None:
+        self.share = max(1, share)
         self._now = now
+        minute = granted_per_window(per_minute) / 60 / self.share if per_minute > 0 else math.inf
+        average = granted_per_window(per_day) / 86_400 / self.share if per_day > 0 else math.inf
+        self.interval = 0.0 if math.isinf(minute) else 1 / minute
+        self.slow_interval = max(self.interval, 0.0 if math.isinf(average) else 1 / average)
+        self.per_day = per_day
+        self._allowance: float | None = None  # of the day's reads, what this container may still spend
         self._next = 0.0
         self._lock = threading.Lock()
+
+    def learn(self, day_left: int | None) -> None:
+        """What the shared limiter says the day still grants (None: no day limit or not told)."""
+        if day_left is not None and self.per_day > 0:
+            with self._lock:
+                self._allowance = day_left / self.share
+
+    def pause(self, until: float) -> None:
+        """Sume answered 429: no slot before ``until`` (clock seconds)."""
+        with self._lock:
+            self._next = max(self._next, until)
 
     def take(self) -> float:
         """Reserve this container's next slot; seconds until it (0: read now)."""
         with self._lock:
             now = self._now()
+            if self._allowance is None:
+                self._allowance = (self.per_day * (1 - (now % 86_400) / 86_400) / self.share
+                                   if self.per_day > 0 else math.inf)
             at = max(now, self._next)
-            self._next = at + self.interval
+            spent = self._allowance < 1
+            self._allowance -= 1
+            self._next = at + (self.slow_interval if spent else self.interval)
             return at - now

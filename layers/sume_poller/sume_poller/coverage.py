@@ -14,6 +14,11 @@ Webhooks (where Sume sends them) cover a kind too, without proof: deliveries can
 the safety cadence is what catches a lost one, so chains of a webhook kind stretch while verified
 deliveries keep arriving.
 
+What chains found waits in a sorted set per kind (``!sweeps:found:<kind>``) until a complete sweep
+judges it. Each set is bounded whatever sweeps do (they may be idle, or never complete): members
+older than ``FOUND_MAX_AGE`` go, and at most ``FOUND_MAX`` of the newest stay - enough for any
+sweep to judge the finds it can still see (a kind needs ``MIN_COVERED`` in a row).
+
 Chains of a covered kind stretch to a safety cadence, except about one in twenty (canaries,
 chosen by job id) that stay on the normal schedule and keep measuring coverage. Chains read
 this state through :class:`CoverageView`, cached for ``VIEW_TTL`` clock seconds per container,
@@ -29,9 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
+from .jobs import KINDS
+from .redisconn import RedisFailure
 
 MIN_COVERED = 5
+#: Bounds of each kind's set of chain finds waiting for a sweep's judgement (clock seconds; members).
+FOUND_MAX_AGE = 86_400.0
+FOUND_MAX = 1_000
 CANARY_EVERY = 20
 VIEW_TTL = 30.0
 
@@ -72,8 +81,15 @@ class CoverageStore:
 
     # -- chains ---------------------------------------------------------------------------------
     def found(self, kind: str, job_id: str, at: float) -> None:
-        """A chain found this job terminal itself: the next complete sweeps must list it."""
-        self.client.zadd(self.found_key(kind), {job_id: at})
+        """A chain found this job terminal itself: the next complete sweeps must list it. Trims the
+        kind's set to its bounds in the same round trip (one key: cluster mode runs it as is)."""
+        key = self.found_key(kind)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zadd(key, {job_id: at})
+        pipe.zremrangebyscore(key, "-inf", f"({at - FOUND_MAX_AGE}")
+        pipe.zremrangebyrank(key, 0, -FOUND_MAX - 1)
+        pipe.pexpire(key, int(FOUND_MAX_AGE * 1000))
+        pipe.execute()
 
     def snapshot(self, now: float) -> Coverage:
         raw = self.client.hgetall(self.key)
@@ -101,9 +117,12 @@ class CoverageStore:
     def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float) -> dict[str, tuple[int, int]]:
         """After a complete sweep that started at ``swept_from``: per kind, (covered, missed)
         among the jobs chains reported. ``listed``: kind -> job ids this sweep listed."""
+        kinds = sorted(KINDS | set(listed))
+        pipe = self.client.pipeline(transaction=False)
+        for kind in kinds:
+            pipe.zrangebyscore(self.found_key(kind), "-inf", "+inf", withscores=True)
         verdicts: dict[str, tuple[int, int]] = {}
-        for kind in {*listed, *self._reported_kinds()}:
-            found = self.client.zrangebyscore(self.found_key(kind), "-inf", "+inf", withscores=True)
+        for kind, found in zip(kinds, pipe.execute(), strict=True):
             hits = [j for j, _ in found if j in listed.get(kind, set())]
             misses = [j for j, at in found if j not in listed.get(kind, set()) and at < swept_from - lag]
             if hits or misses:
@@ -113,7 +132,8 @@ class CoverageStore:
                     self.key, f"miss:{kind}") or 0) + len(misses)})
             elif hits:
                 self.client.hincrby(self.key, f"cov:{kind}", len(hits))
-            verdicts[kind] = (len(hits), len(misses))
+            if hits or misses or kind in listed:
+                verdicts[kind] = (len(hits), len(misses))
         return verdicts
 
     def fail(self, route: str, retry_at: float) -> None:
@@ -121,9 +141,10 @@ class CoverageStore:
         every kind returns to the normal schedule."""
         self.update(route=route, route_until=retry_at, healthy_until=0)
 
-    def _reported_kinds(self) -> set[str]:
-        prefix = f"{self.prefix}!sweeps:found:"
-        return {k[len(prefix):] for k in self.client.scan_iter(match=prefix + "*", count=100)}
+    def fail_status(self, status: str, retry_at: float) -> None:
+        """The route does not filter by this status as assumed: sweeps leave it out until
+        ``retry_at`` (proving nothing meanwhile), and every kind returns to the normal schedule."""
+        self.update(**{f"unfiltered:{status}": retry_at}, healthy_until=0)
 
 
 class CoverageView:
@@ -144,7 +165,7 @@ class CoverageView:
                 return self._snapshot
         try:
             snapshot = self.store.snapshot(now)
-        except RedisError:
+        except RedisFailure:
             snapshot = Coverage()
         with self._lock:
             self._snapshot, self._at = snapshot, now

@@ -4,7 +4,9 @@ Each scheduled tick:
 
 1. the outbox partitions first: terminal jobs whose outbox is unfinished (say their message
    reached the dead-letter queue) get a message; the poll function finishes them without a
-   Sume read;
+   Sume read (and without a read slot). An outbox that stays unfinished (EventBridge failing)
+   is sent again only after doubling waits - one period, two, four... up to an hour - kept per
+   job in Redis (``!outbox:<job_id>``: sends so far and when the next is due);
 2. then the pending partitions, from the cursor the last tick left in Redis, so under a backlog
    every partition is served in turn. Per page, one pipelined round trip tries to *start* a
    chain for each job (a free lease becomes the new chain's ``token:0``; a held lease means a
@@ -27,25 +29,27 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .budget import Budget
 from .clock import Clock
 from .jobs import KINDS, InvalidJobId, validate_job_id
 from .lease import LeaseStore, new_token
-from .messages import PollMessage
+from .messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
 from .queue import SQS_BATCH, Outgoing, PollQueue
+from .redisconn import MISCONFIGURED, UNAVAILABLE, RedisFailure, describe, failure
 from .settings import FanOutSettings
 from .store import JobStore
 
 PAGE_SIZE = 100
+#: The longest wait (clock seconds) before an unfinished outbox is sent again.
+OUTBOX_BACKOFF_MAX = 3_600.0
 
 
 @dataclass
 class FanOutReport:
     pages: int = 0
     outbox_sent: int = 0
+    outbox_backing_off: int = 0
     started: int = 0
     leased: int = 0
     skipped_unleased_chain: int = 0
@@ -56,6 +60,7 @@ class FanOutReport:
     round_complete: bool = False
     stopped_early: bool = False
     redis_unavailable: bool = False
+    redis_misconfigured: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         unlimited = isinstance(self.allowance, float) and math.isinf(self.allowance)
@@ -93,9 +98,11 @@ class FanOut:
         try:
             self.report.allowance = self._allowance()
             cursor = self._load_cursor()
-        except RedisError as exc:
-            self.report.redis_unavailable = True
-            logger.error("Redis unavailable: fan-out starts no chain this tick", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:
+            kind = failure(exc)
+            self.report.redis_unavailable = kind == UNAVAILABLE
+            self.report.redis_misconfigured = kind == MISCONFIGURED
+            logger.error(f"{kind}: fan-out starts no chain this tick", extra=describe(exc))
             return self.report
         try:
             self._pending(cursor)
@@ -107,7 +114,7 @@ class FanOut:
         """Pending jobs, for the budget's max-gap backstop and the sweeps' cost rule (one COUNT
         query per partition, whatever the start allowance)."""
         self.report.pending_counted = sum(self.store.count(f"p{i:02d}") for i in range(self.s.jobs.pending_shards))
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(*RedisFailure):
             self.budget.set_pending(self.report.pending_counted)
 
     # -- budget and cursor -------------------------------------------------------------------------
@@ -135,7 +142,7 @@ class FanOut:
     def _save_cursor(self, cursor: Cursor) -> None:
         try:
             self.lease.client.set(self.cursor_key, json.dumps(asdict(cursor)), ex=7 * 86_400)
-        except RedisError as exc:
+        except RedisFailure as exc:
             logger.warning("fan-out cursor not saved", extra={"error": type(exc).__name__})
 
     # -- the partitions ----------------------------------------------------------------------------
@@ -151,12 +158,39 @@ class FanOut:
             while not self._out_of_time():
                 items, start = self.store.pending_page(f"o{shard:02d}", start, self.page_size)
                 self.report.pages += 1
-                # No lease for these: the message finds the lease free, so the poller reads the
-                # record first and finishes the outbox without a Sume read.
-                jobs = self._valid(items)
+                # No lease for these: the poller reads the record and finishes the outbox, no Sume read.
+                jobs = self._outbox_due(self._valid(items))
                 self.report.outbox_sent += self._send([(j, new_token()) for j in jobs], lease=False)
                 if not start:
                     break
+
+    def _outbox_due(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Of a page's unfinished outboxes, those due a message: one never sent at once, one sent
+        before after its wait. Two pipelined round trips of plain GET/SET (cluster mode splits
+        them by node); Redis down: all of them, as fan-out cannot tell."""
+        if not jobs:
+            return []
+        keys = [f"{self.lease.prefix}!outbox:{j['job_id']}" for j in jobs]
+        try:
+            pipe = self.lease.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+            marks = pipe.execute()
+        except RedisFailure:
+            return jobs
+        now, due = self.clock.now(), []
+        pipe = self.lease.client.pipeline(transaction=False)
+        for job, key, mark in zip(jobs, keys, marks, strict=True):
+            sends, _, next_at = str(mark or "0:0").partition(":")
+            if now < float(next_at or 0):
+                self.report.outbox_backing_off += 1
+                continue
+            wait = min(self.s.period * 2 ** min(int(sends), 16), OUTBOX_BACKOFF_MAX)
+            pipe.set(key, f"{int(sends) + 1}:{now + wait:.3f}", ex=max(1, int(self.clock.to_real(2 * 86_400))))
+            due.append(job)
+        with contextlib.suppress(*RedisFailure):
+            pipe.execute()
+        return due
 
     def _pending(self, cursor: Cursor) -> None:
         shards = self.s.jobs.pending_shards
@@ -216,11 +250,12 @@ class FanOut:
             submitted = job.get("submitted_at")
             msg = PollMessage(job_id=job["job_id"], kind=job["kind"], deadline_at=int(job["deadline_at"]),
                               due_at=round(now, 3), token=token, seq=0, profile=job.get("profile"),
-                              submitted_at=int(submitted) if isinstance(submitted, int | float) else None)
+                              submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
+                              phase=STATUS_PHASE if lease else OUTBOX_PHASE)
             messages[job["job_id"]] = (msg, token)
         unsent = self.queue.send(Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items())
         for job_id in unsent if lease else ():  # free the lease: the next tick tries again
-            with contextlib.suppress(RedisError):
+            with contextlib.suppress(*RedisFailure):
                 self.lease.release(job_id, f"{messages[job_id][1]}:0")
         if unsent:
             logger.error("poll messages not sent; the next fan-out tick tries again", extra={"count": len(unsent)})

@@ -98,13 +98,15 @@ end
 return 0
 """
 
-#: Lua: hand a waiting chain over to a finishing message. ARGV: fresh value ("T':0*"), ttl ms.
+#: Lua: hand a waiting chain over to a finishing message. ARGV: fresh value ("T':0*"), ttl ms,
+#: now (clock ms), real seconds per clock second, margin (real ms).
 #: A resting "T:n" becomes "T:n+1*" (the finishing message is step n+1, so the waiting message
-#: n finds the job taken); a free lease becomes the fresh value. Returns the value now held, or
-#: false while a delivery is mid-poll or the job was handed over already; with the value, the
-#: read slot the waiting step had reserved ("" if none). A repeat after a lost
-#: reply returns false too: the finishing message of the first call was not sent, and the lease
-#: expires so the job's chain takes over again.
+#: n finds the job taken); a free lease becomes the fresh value. The lease lives ``ttl`` or, when
+#: the waiting step had reserved a read slot (the message inherits it and is due then), until that
+#: slot plus the margin, whichever is longer. Returns the value now held, or false while a delivery
+#: is mid-poll or the job was handed over already; with the value, the read slot the waiting step
+#: had reserved ("" if none). A repeat after a lost reply returns false too: the finishing message
+#: of the first call was not sent, and the lease expires so the job's chain takes over again.
 HAND_OVER_LUA = """
 local v = redis.call('GET', KEYS[1])
 if not v then
@@ -114,7 +116,12 @@ end
 local t, s, slot = string.match(v, '^(%x+):(%d+)@?(%d*)$')
 if not t then return false end
 local next = t .. ':' .. (tonumber(s) + 1) .. '*'
-redis.call('SET', KEYS[1], next, 'PX', ARGV[2])
+local ttl = tonumber(ARGV[2])
+if slot ~= '' then
+  local until_slot = math.floor((tonumber(slot) - tonumber(ARGV[3])) * tonumber(ARGV[4]) + tonumber(ARGV[5]))
+  if until_slot > ttl then ttl = until_slot end
+end
+redis.call('SET', KEYS[1], next, 'PX', ttl)
 return {next, slot}
 """
 
@@ -220,15 +227,15 @@ class LeaseStore:
         A cluster pipeline may not run scripts: there each job gets ``SET NX PX``, and the jobs
         that come back held get one more pipelined ``GET`` - a start whose reply was lost and
         was repeated finds its own value (the start is then still ours)."""
-        if not isinstance(self.client, RedisCluster):
+        if not (isinstance(self.client, RedisCluster) or getattr(self.client, "is_cluster", False)):
             return self._start_pipelined(starts, ttl_ms)
-        pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+        pipe = self.client.pipeline(transaction=False)
         for job_id, token in starts:
             pipe.set(self.key(job_id), f"{token}:0", nx=True, px=ttl_ms)
         taken = [bool(r) for r in pipe.execute()]
         held = [i for i, ok in enumerate(taken) if not ok]
         if held:
-            pipe = self.client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+            pipe = self.client.pipeline(transaction=False)
             for i in held:
                 pipe.get(self.key(starts[i][0]))
             for i, value in zip(held, pipe.execute(), strict=True):
@@ -248,11 +255,14 @@ class LeaseStore:
         of a step whose message could not be sent); already gone counts as released."""
         return bool(self._release(keys=[self.key(job_id)], args=[value]))
 
-    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int) -> HandOver | None:
+    def hand_over(self, job_id: str, fresh_token: str, ttl_ms: int, *, now: float | None = None,
+                  scale: float = 1.0, margin_ms: int = 0) -> HandOver | None:
         """Take a waiting chain (or a free lease) for a finishing message: the (token, seq) that
         message must carry and the read slot it inherits, or None while a delivery of the chain
-        is mid-poll."""
-        held = self._hand_over(keys=[self.key(job_id)], args=[f"{fresh_token}:0*", ttl_ms])
+        is mid-poll. The lease lives ``ttl_ms``, or until the inherited slot (clock seconds from
+        ``now``, ``scale`` real seconds each) plus ``margin_ms`` when that is later."""
+        until_slot = [0, 0, 0] if now is None else [int(now * 1000), scale, margin_ms]
+        held = self._hand_over(keys=[self.key(job_id)], args=[f"{fresh_token}:0*", ttl_ms, *until_slot])
         if not held:
             return None
         value, slot = (held if isinstance(held, list) else [held, ""])[:2]

@@ -30,6 +30,10 @@ _MAX_TIME = 2.0**40
 _V1_FIELDS = frozenset({"v", "job_id", "kind", "deadline_at", "due_at", "token", "seq", "attempt", "errors"})
 STATUS_PHASE = "status"
 RESULT_PHASE = "result"
+#: A terminal job whose outbox is unfinished (fan-out's message): no lease, no read, no slot.
+OUTBOX_PHASE = "outbox"
+#: Who said a job is terminal: its own status route, a sweep's list page, or a webhook delivery.
+SOURCES = ("status", "list", "webhook")
 
 
 class MessageError(ValueError):
@@ -51,7 +55,11 @@ class PollMessage:
     errors: int = 0  # consecutive transient faults, for backoff
     seen_running_at: float | None = None  # the last read that saw the job running
     phase: str = STATUS_PHASE
-    #: In the result phase: what Sume said of the terminal job ({status, sume_status, error?}).
+    #: In the result phase: what was said of the terminal job ({status, sume_status?, error?,
+    #: source, result_ready?}). ``source`` is who said it: "status" (the job's own status route:
+    #: only it or the result route may make a job terminal), "list" (a sweep) or "webhook" - those
+    #: are confirmed by a per-job read before anything is recorded. ``result_ready`` is present only
+    #: when the status reply carried that field: the wait for the result then reads the status.
     outcome: dict[str, Any] | None = None
     seen_terminal_at: float | None = None
     result_waits: int = 0
@@ -61,6 +69,9 @@ class PollMessage:
     found_by: str | None = None
     #: A stretched step's normal due time: it reads then if sweeps stop covering its kind.
     normal_due: float | None = None
+    #: While Redis is down: the read slot this container's outage pacer reserved for this step
+    #: (clock seconds). The step reads then without reserving again; once Redis answers it is void.
+    paced_at: float | None = None
     v: int = VERSION
 
     def to_json(self) -> str:
@@ -102,7 +113,18 @@ def _outcome(value: Any) -> dict[str, Any] | None:
     error = value.get("error")
     if error is not None and not (isinstance(error, dict) and all(isinstance(v, str) for v in error.values())):
         raise MessageError("outcome.error must be an object of strings")
-    return {k: value[k] for k in ("status", "sume_status", "error") if value.get(k) is not None}
+    unknown = set(value) - {"status", "sume_status", "error", "source", "result_ready"}
+    if unknown:
+        raise MessageError(f"unknown outcome fields {sorted(unknown)[:5]}")
+    # Before sources were recorded only sweeps wrote a failure outcome: without one it is the list's.
+    source = value.get("source", "status" if value["status"] == "completed" else "list")
+    if source not in SOURCES:
+        raise MessageError(f"outcome.source must be one of {', '.join(SOURCES)}")
+    ready = value.get("result_ready")
+    if ready is not None and not isinstance(ready, bool):
+        raise MessageError("outcome.result_ready must be a boolean")
+    kept = {k: value[k] for k in ("status", "sume_status", "error", "result_ready") if value.get(k) is not None}
+    return {**kept, "source": source}
 
 
 def parse_message(body: object) -> PollMessage:
@@ -139,8 +161,8 @@ def parse_message(body: object) -> PollMessage:
     if profile is not None and (not isinstance(profile, str) or not _PROFILE_RE.fullmatch(profile)):
         raise MessageError("profile must be 1-64 characters of A-Z a-z 0-9 _ | . : -")
     phase = data.get("phase", STATUS_PHASE)
-    if phase not in (STATUS_PHASE, RESULT_PHASE):
-        raise MessageError(f"phase must be {STATUS_PHASE} or {RESULT_PHASE}")
+    if phase not in (STATUS_PHASE, RESULT_PHASE, OUTBOX_PHASE):
+        raise MessageError(f"phase must be {STATUS_PHASE}, {RESULT_PHASE} or {OUTBOX_PHASE}")
     outcome = _outcome(data.get("outcome"))
     if (phase == RESULT_PHASE) != (outcome is not None):
         raise MessageError("the result phase needs an outcome, and only it")
@@ -154,7 +176,7 @@ def parse_message(body: object) -> PollMessage:
         seen_running_at=_time(data, "seen_running_at"), phase=phase, outcome=outcome,
         seen_terminal_at=_time(data, "seen_terminal_at"), result_waits=_integer(data, "result_waits", 0),
         slot_at=_time(data, "slot_at"), found_by=_found_by(data.get("found_by")),
-        normal_due=_time(data, "normal_due"))
+        normal_due=_time(data, "normal_due"), paced_at=_time(data, "paced_at"))
 
 
 def _found_by(value: Any) -> str | None:

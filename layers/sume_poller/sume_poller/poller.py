@@ -1,24 +1,35 @@
-"""The poll step: one SQS message of a job's chain, at most one Sume read.
+"""The poll step: one SQS message of a job's chain, at most one Sume read (two: a status read
+that finds the job completed and ready is followed by its result read).
 
 For each message (step ``n`` of chain ``T``)::
 
     gate: claim the lease and take a read slot      (one Redis round trip, see gate.py)
       held by another chain / a duplicate       -> drop quietly
-      lease was free                            -> new chain; read the record: finished? finish its outbox or drop
+      lease was free                            -> new chain; read the record: finished? finish its outbox
+                                                   (no read slot taken) or drop; else take a slot
     past the deadline                           -> record timed_out
     not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
     no read slot now                            -> re-queue for the reserved slot (keeping the lease)
     status phase: GET /jobs/{id}
       running / transient fault / 404 in its grace window -> rest the lease, re-queue at the next read time
-      terminal                                  -> result phase (completed) or the terminal write
+      failed, canceled, expired                 -> the terminal write
+      completed, result_ready false             -> result phase: wait, reading the status (Sume's gate)
+      completed (result ready, or no gate)      -> GET /jobs/{id}/result at once
       401 (the key)                             -> pause every read key-wide, re-queue after the pause
       403                                       -> the job's workspace (record failed) unless a key check says the key
-    result phase: GET /jobs/{id}/result         -> the terminal write with the result, or wait and re-queue
-    terminal write (conditional, once) -> outbox: observation, event, done; release the lease
+    result phase: GET /jobs/{id}/result         -> the terminal write with the result (inline, or streamed to S3)
+      not there (404/409/425)                   -> a job only a list/webhook called finished: its status read;
+                                                   else wait (result-phase backoff) until the deadline
+    terminal write (conditional, once) -> outbox: observation, result object, event, done; release the lease
+
+Only the job's own routes make it terminal: what a sweep's list or a webhook says is confirmed by
+a status read (failures) or by the result itself (completed jobs) before anything is recorded.
 
 While Redis is unreachable the lease is replaced by a fence on the job record (one chain step
-may read once: duplicates do not read twice) and the budget by per-container pacing: jobs keep
-moving, on their own schedule and deadline.
+may read once: duplicates do not read twice) and the budget by this container's outage pacer
+(:class:`~sume_poller.budget.LocalPacer`): jobs keep moving, on their own schedule and deadline.
+A Redis that answers but refuses a command is a misconfiguration, counted apart
+(:mod:`sume_poller.redisconn`).
 
 A step returns an :class:`Outcome`; the next message is not sent here but handed back
 (``Outcome.send``), so the batch adapter sends a whole batch's re-queues together.
@@ -34,8 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from redis.exceptions import RedisError
-
+from .aws import AwsError
 from .budget import Budget, Grant, LocalPacer, RateInfo
 from .clock import Clock
 from .coverage import CoverageView, is_canary
@@ -43,14 +53,25 @@ from .events import EventBus
 from .gate import ReadGate
 from .jobs import PENDING, error_delay, result_wait_delay
 from .lease import Claim, LeaseStore, Step, new_nonce, new_token, resting_value
-from .messages import RESULT_PHASE, PollMessage
+from .messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
-from .redisconn import reconnect
+from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, reconnect
 from .schedule import DEFAULT_W0, Bounds, defer_delay, max_wait, next_delay, overdue, read_priority
 from .settings import PollSettings
-from .store import Ending, JobStore
-from .sume import Pending, Refused, Result, Retryable, SumeClient, Terminal
+from .store import INLINE_RESULT_BYTES, Ending, JobStore
+from .sume import (
+    BodyTooLarge,
+    Oversized,
+    Pending,
+    Refused,
+    Result,
+    ResultStream,
+    Retryable,
+    StreamTimeout,
+    SumeClient,
+    Terminal,
+)
 
 #: A message this close to its due time (clock seconds) is read now rather than hopped again.
 HOP_TOLERANCE = 0.1
@@ -61,8 +82,9 @@ AFTER_READ_REAL = 3.0
 #: How long a rejected key pauses every read (clock seconds), and how long a key check holds.
 KEY_PAUSE = 300.0
 KEY_CHECK_TTL = 60.0
-#: Result fetches that may answer 404 for a completed job before it is recorded without one.
-RESULT_NOT_FOUND_LIMIT = 3
+#: While Redis is down, a step waiting for its outage-pacer slot comes back at least this often
+#: (clock seconds): once Redis answers again it reads at its own due time, not the pacer's.
+PACED_HOP = 30.0
 #: Hooks for the fault suite: called after each named step with (step, job_id).
 STEPS = ("claimed", "read", "rested", "result", "written", "published", "released")
 
@@ -125,8 +147,8 @@ class LeaseHold:
         try:
             return self.lease.rest(self.job_id, self.step, max(1, int(ttl_real * 1000)), finishing=finishing,
                                    slot=chain.slot_at)
-        except RedisError as exc:  # keep the chain going: its next message re-takes the lease
-            logger.warning("lease rest failed (Redis); re-queueing anyway", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:  # keep the chain going: its next message re-takes the lease
+            logger.warning("lease rest failed (Redis); re-queueing anyway", extra=describe(exc))
             return True
 
     def release(self) -> None:
@@ -138,8 +160,21 @@ class LeaseHold:
     def _release(self, value: str) -> None:
         try:
             self.lease.release(self.job_id, value)
-        except RedisError as exc:  # it expires on its own
-            logger.warning("lease release failed; it will expire", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:  # it expires on its own
+            logger.warning("lease release failed; it will expire", extra=describe(exc))
+
+
+class NoHold:
+    """Nothing to hold: an outbox message touches no lease."""
+
+    def rest(self, chain: PollMessage, due: float, ttl_real: float) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+    def undo_rest(self) -> None:
+        pass
 
 
 class FenceHold:
@@ -164,7 +199,8 @@ class Poller:
     def __init__(self, settings: PollSettings, *, gate: ReadGate, budget: Budget, pacer: LocalPacer,
                  sume: SumeClient, store: JobStore, bus: EventBus, queue: PollQueue,
                  models: Callable[[str, str], Any] | None = None, coverage: CoverageView | None = None,
-                 step_hook: Callable[[str, str], None] | None = None, rng: random.Random | None = None) -> None:
+                 step_hook: Callable[[str, str], None] | None = None, rng: random.Random | None = None,
+                 breaker: Breaker | None = None) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
         self.gate = gate
@@ -183,6 +219,7 @@ class Poller:
         #: Test seam: called after each step in STEPS; the fault suite raises from it to crash there.
         self.step_hook = step_hook
         self.rng = rng or random.Random()
+        self.breaker = breaker or Breaker()
         self._key_ok_until = 0.0
         self._last_ok_job: str | None = None
         #: Pending jobs as fan-out last counted them (the limiter passes it on): the backstop's scale.
@@ -198,6 +235,8 @@ class Poller:
         if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             # Not enough of the invocation left to finish a step: the same message goes back.
             return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
+        if msg.phase == OUTBOX_PHASE:  # fan-out's: the record says what is left; no lease, no read
+            return self._not_pending(msg.job_id, self.store.get(msg.job_id), NoHold())
         if msg.normal_due is not None and not self._stretches(msg.kind, msg.job_id, now):
             msg = msg.next(due_at=min(msg.due_at, msg.normal_due))  # no longer covered: the normal schedule
         elif self._first_read_covered(msg, now):
@@ -212,48 +251,59 @@ class Poller:
         fresh = Step(new_token(), 0, nonce)
         ttl = self.clock.to_real(min(hop, self.queue.max_delay)) + self.s.lease.margin if hop else \
             float(self.s.lease.claim_ttl)
-        needs_read = not hop and (msg.phase != RESULT_PHASE or (msg.outcome or {}).get("status") == "completed")
-        # A message that reserved its slot confirms it; a result fetch (a job Sume already
-        # finished) goes ahead of the status reads in line.
-        mode = "none" if not needs_read else (
+        # A message that reserved its slot confirms it; a read of a job known to be finished (its
+        # result, or the status read that confirms a list's or webhook's word) goes ahead in line.
+        mode = "none" if hop else (
             ("rconfirm" if msg.phase == RESULT_PHASE else "confirm") if msg.slot_at is not None else
             "ahead" if msg.phase == RESULT_PHASE else "take")
         patience = self._patience(msg, now) if mode == "take" else math.inf
+        if self.breaker.open:
+            return self._unleased(msg, hop, deadline, UNAVAILABLE)
         try:
             passage = self.gate.enter(msg.job_id, step or fresh, fresh, max(1, int(ttl * 1000)), mode=mode,
                                       max_wait=patience, slot=msg.slot_at or 0.0)
-        except RedisError as exc:
-            reconnect(self.lease.client, exc)
-            logger.warning("Redis unavailable: polling without the lease", extra={"error": type(exc).__name__})
-            return self._unleased(msg, hop, deadline)
-        if passage.grant is not None and passage.grant.pending is not None:
-            self._pending = passage.grant.pending
+        except RedisFailure as exc:
+            return self._unleased(msg, hop, deadline, self._redis_failed(exc, "polling without the lease"))
+        self._learn(passage.grant)
         if passage.claim is Claim.HELD:
             logger.info("another chain or delivery holds the job; message dropped", extra={"seq": msg.seq})
             return Outcome("contention")
         held = step if passage.claim is Claim.OWN and step else fresh
         hold = LeaseHold(self.lease, msg.job_id, held)
         self._step("claimed", msg.job_id)
-        chain = msg.next(token=held.token, seq=held.seq)
+        chain = msg.next(token=held.token, seq=held.seq, paced_at=None)
+        grant = passage.grant
         if passage.claim is Claim.FRESH:
+            # The lease was free: the record says whether the job still needs a read (an outbox to
+            # finish needs none), and only then is a read slot taken.
             record = self.store.get(msg.job_id)
             if record is None or record.get("status") != PENDING:
                 return self._not_pending(msg.job_id, record, hold)
             chain = _refresh(chain, record)
-        return self._advance(chain, hold, passage.grant, hop, deadline)
+            if mode != "none":
+                grant = self._take_slot(mode, patience, msg.slot_at or 0.0)
+        return self._advance(chain, hold, grant, hop, deadline)
 
-    def _unleased(self, msg: PollMessage, hop: float | None, deadline: Deadline) -> Outcome:
+    def _unleased(self, msg: PollMessage, hop: float | None, deadline: Deadline, signal: str) -> Outcome:
+        """Redis is unreachable: the job's record fences its chain (one read per step), and this
+        container's outage pacer replaces the shared budget. A step waiting for its pacer slot
+        carries it (``paced_at``) and reads then without reserving again; if Redis is back by
+        then, it reads through the gate at its own due time instead."""
         chain = msg if msg.token else msg.next(token=new_token(), seq=0)
         hold = FenceHold(self.store, msg.job_id, self.clock.from_real(self.s.lease.margin))
-        signals = ("RedisUnavailable",)
-        if hop is None and self.clock.now() < chain.deadline_at:
-            wait = self.pacer.take()
-            if wait > 0:
-                return self._requeue(chain, hold, due=self.clock.now() + wait, name="budget_wait", signals=signals)
-            fence = self.store.fence(chain.job_id, chain.token or "", chain.seq, now=self.clock.now(),
+        signals = (signal,)
+        now = self.clock.now()
+        if hop is None and now < chain.deadline_at:
+            # The fence first: a duplicate of this step stops here, before it could take a slot.
+            fence = self.store.fence(chain.job_id, chain.token or "", chain.seq, now=now,
                                      hold=self.clock.from_real(self.s.lease.claim_ttl))
             if not fence.won:
                 return _with_signals(self._not_pending(chain.job_id, fence.record, hold, duplicate=True), signals)
+            wait = chain.paced_at - now if chain.paced_at is not None else self.pacer.take()
+            if wait > self.budget.early:
+                return self._requeue(chain, hold, due=now, name="budget_wait", paced_at=round(now + wait, 3),
+                                     signals=signals)
+            chain = chain.next(paced_at=None)
         return _with_signals(self._advance(chain, hold, None, hop, deadline), signals)
 
     # -- the state machine ------------------------------------------------------------------------
@@ -264,22 +314,18 @@ class Poller:
             return self._timed_out(chain, hold)
         if hop is not None:
             return self._requeue(chain, hold, due=chain.due_at, name="hopped", slot_at=chain.slot_at)
-        if chain.phase == RESULT_PHASE and (chain.outcome or {}).get("status") != "completed":
-            return self._known_ending(chain, hold)
         if grant is not None and not grant.now:
             return self._wait_for_slot(chain, hold, grant)
         if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             return self._requeue(chain, hold, due=now, name="out_of_time")
+        facts = chain.outcome or {}
+        if chain.phase == RESULT_PHASE and (facts.get("status") != "completed" or facts.get("result_ready") is False):
+            # Only the job's own routes make it terminal: a failure a list or webhook reported is
+            # confirmed by its status read; a result Sume said is not ready is waited for on the status.
+            return self._read_status(chain.next(phase=STATUS_PHASE, outcome=None), hold, deadline)
         if chain.phase == RESULT_PHASE:
             return self._fetch_result(chain, hold, deadline)
         return self._read_status(chain, hold, deadline)
-
-    def _known_ending(self, chain: PollMessage, hold: Hold) -> Outcome:
-        """A sweep or webhook handed over a job Sume listed as failed, canceled or expired: write
-        it without a read."""
-        facts = chain.outcome or {}
-        error = facts.get("error") if isinstance(facts.get("error"), dict) else None
-        return self._finish(chain, hold, str(facts.get("status")), facts.get("sume_status"), error)
 
     def _wait_for_slot(self, chain: PollMessage, hold: Hold, grant: Grant) -> Outcome:
         now = self.clock.now()
@@ -321,50 +367,92 @@ class Poller:
 
     def _terminal(self, chain: PollMessage, hold: Hold, reply: Terminal, now: float, deadline: Deadline) -> Outcome:
         self._last_ok_job = chain.job_id
-        if self.coverage is not None and self.s.discovery.sweeps:  # what proves (or disproves) sweeps' coverage
-            with contextlib.suppress(RedisError):
+        if self.coverage is not None and self.s.discovery.sweeps and chain.phase != RESULT_PHASE:
+            with contextlib.suppress(*RedisFailure):  # what proves (or disproves) sweeps' coverage
                 self.coverage.store.found(chain.kind, chain.job_id, now)
-        outcome = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error}
-        chain = chain.next(seen_terminal_at=now, errors=0,
+        outcome: dict[str, Any] = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error,
+                                   "source": "status", "result_ready": reply.result_ready if reply.gated else None}
+        chain = chain.next(seen_terminal_at=chain.seen_terminal_at or now, errors=0,
                            outcome={k: v for k, v in outcome.items() if v is not None})
         if reply.status != "completed":
             return self._finish(chain, hold, reply.status, reply.sume_status, reply.error, status_reads=1)
         chain = chain.next(phase=RESULT_PHASE)
-        if not reply.result_ready:
-            wait = reply.next_poll_after if reply.next_poll_after else result_wait_delay(0, self.rng)
+        if not reply.result_ready:  # Sume's gate: the wait reads the status until it opens
+            wait = max(reply.next_poll_after or 0.0, result_wait_delay(chain.result_waits, self.rng))
             return self._requeue(chain, hold, due=now + wait, name="result_not_ready", status_reads=1,
-                                 result_waits=1)
-        grant = self._take_slot(ahead=True)
+                                 result_waits=chain.result_waits + 1, signals=("ResultNotReady",))
+        # The result at once, if the job may still be read and the invocation has time for it.
+        if now >= chain.deadline_at:
+            return _counted(self._timed_out(chain, hold), status_reads=1)
+        if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+            return self._requeue(chain, hold, due=now, name="out_of_time", status_reads=1)
+        grant = self._take_slot("ahead")
         if grant is not None and not grant.now:
-            out = self._wait_for_slot(chain, hold, grant)
-            return _counted(out, status_reads=1)
+            return _counted(self._wait_for_slot(chain, hold, grant), status_reads=1)
         return _counted(self._fetch_result(chain, hold, deadline), status_reads=1)
 
     def _fetch_result(self, chain: PollMessage, hold: Hold, deadline: Deadline) -> Outcome:
-        reply = self.sume.get_result(chain.job_id, budget=deadline.call_budget())
+        reply = self.sume.get_result(chain.job_id, budget=deadline.call_budget(), inline_limit=INLINE_RESULT_BYTES,
+                                     time_left=lambda: deadline.left() - AFTER_READ_REAL)
         now = self.clock.now()
         self._step("result", chain.job_id)
         self._tell_budget(reply.rate)
         chain = chain.next(result_reads=chain.result_reads + 1, slot_at=None)
         facts = chain.outcome or {"status": "completed"}
-        if isinstance(reply, Result):
-            return self._finish(chain, hold, "completed", facts.get("sume_status"), None, result=reply.payload,
-                                has_result=True, result_reads=1)
-        if isinstance(reply, Refused) and reply.why == "not_found" and chain.result_waits >= RESULT_NOT_FOUND_LIMIT:
-            logger.error("Sume has no result for a completed job", extra={"request_id": reply.request_id})
-            return self._finish(chain, hold, "completed", facts.get("sume_status"),
-                                {"code": "result_unavailable", "message": "Sume answered 404 for the result"},
-                                result_reads=1)
+        if isinstance(reply, Result | ResultStream | Oversized):
+            try:
+                stored = self._store_result(chain.job_id, reply)
+            except (StreamTimeout, *AwsError) as exc:
+                logger.warning("result not stored; fetching it again", extra={"error": type(exc).__name__})
+                return self._transient(chain, hold, Retryable("result_not_stored"), result_reads=1)
+            return self._finish(chain, hold, "completed", facts.get("sume_status"), stored.pop("error", None),
+                                result=stored, result_reads=1)
         if isinstance(reply, Refused) and reply.why in ("key", "forbidden"):
             return self._refused(chain, hold, reply, deadline, result_reads=1)
-        if isinstance(reply, Refused) and reply.why != "not_found":
+        if _not_there(reply):
+            return self._result_not_there(chain, hold, reply, now)
+        if isinstance(reply, Refused):
             return self._finish(chain, hold, "completed", facts.get("sume_status"),
                                 {"code": reply.code or f"http_{reply.http_status}",
                                  "message": reply.message or "Sume refused the result"}, result_reads=1)
+        return self._transient(chain, hold, reply, result_reads=1)
+
+    def _store_result(self, job_id: str, reply: Result | ResultStream | Oversized) -> dict[str, Any]:
+        """The record fields of a fetched result: inline, in S3, or ``result_too_large``."""
+        if isinstance(reply, Result):
+            return self.store.result_fields(job_id, reply.payload)
+        limit = self.sume.result_max_bytes
+        if isinstance(reply, ResultStream) and self.store.results is not None:
+            with reply:
+                try:
+                    return self.store.results.upload(job_id, reply)
+                except BodyTooLarge as exc:
+                    size = exc.size
+        else:
+            size = reply.size if isinstance(reply, Oversized) else (reply.length or limit + 1)
+        logger.error("result larger than the maximum; recorded without it", extra={"bytes": size, "max": limit})
+        return {"result_bytes": size, "error": {"code": "result_too_large",
+                                                "message": f"the result has {size} bytes or more (max {limit})"}}
+
+    def _result_not_there(self, chain: PollMessage, hold: Hold, reply: Retryable | Refused, now: float) -> Outcome:
+        """The result route says the result is not there. A job only a list or webhook said was
+        completed goes back to a status read (once: that read is the job's own word). Otherwise the
+        result is late - for Sume's status said it is ready, or said nothing of it: the wait reads
+        the result route again with the result-phase backoff until it comes; only the job's
+        deadline ends the wait."""
+        facts = chain.outcome or {}
+        log = {"http_status": reply.http_status, "request_id": reply.request_id, "waits": chain.result_waits}
+        if facts.get("source") in ("list", "webhook"):
+            logger.info("no result for a job reported finished; its status decides", extra=log)
+            return self._requeue(chain, hold, due=now, name="unconfirmed", result_reads=1, phase=STATUS_PHASE,
+                                 outcome=None)
+        since = now - (chain.seen_terminal_at or now)
+        (logger.info if since < self.s.jobs.not_found_grace else logger.warning)(
+            "result not there yet; waiting for it", extra={**log, "seconds_since_terminal": round(since)})
         retry_after = reply.retry_after if isinstance(reply, Retryable) else None
         wait = retry_after if retry_after is not None else result_wait_delay(chain.result_waits, self.rng)
         return self._requeue(chain, hold, due=now + wait, name="result_not_ready", result_reads=1,
-                             result_waits=chain.result_waits + 1)
+                             result_waits=chain.result_waits + 1, signals=("ResultNotReady",))
 
     def _transient(self, chain: PollMessage, hold: Hold, reply: Retryable, *, status_reads: int = 0,
                    result_reads: int = 0) -> Outcome:
@@ -381,21 +469,24 @@ class Poller:
                  status_reads: int = 0, result_reads: int = 0) -> Outcome:
         now = self.clock.now()
         log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id}
+        reads = {"status_reads": status_reads, "result_reads": result_reads}
         if reply.why == "not_found" and chain.phase != RESULT_PHASE:
             submitted = chain.submitted_at or chain.deadline_at - self.s.jobs.max_age
             if now - submitted < self.s.jobs.not_found_grace:
                 logger.info("404 soon after submission (read-after-create lag); retrying", extra=log)
                 return _with_signals(self._transient(chain, hold, Retryable("not_found_yet", http_status=404),
-                                                     status_reads=status_reads, result_reads=result_reads),
-                                     ("NotFoundGrace",))
-        if reply.why == "key" or (reply.why == "forbidden" and self._key_refused(deadline)):
+                                                     **reads), ("NotFoundGrace",))
+        key_refused = reply.why == "key" or (reply.why == "forbidden" and self._key_refused(deadline))
+        if key_refused is None:  # no read slot free for the key check now: ask again later
+            return self._transient(chain, hold, Retryable("key_check_waits", http_status=reply.http_status), **reads)
+        if key_refused:
             logger.error("Sume refused the API key: every read paused", extra={**log, "pause_seconds": KEY_PAUSE})
             try:
                 self.budget.pause_key(KEY_PAUSE)
-            except RedisError:
-                logger.warning("could not set the key pause in Redis")
+            except RedisFailure as exc:
+                self._redis_failed(exc, "the key pause was not set")
             return self._requeue(chain, hold, due=now + KEY_PAUSE + self.rng.uniform(0, 30), name="key_rejected",
-                                 signals=("SumeAuthFailed",), status_reads=status_reads, result_reads=result_reads)
+                                 signals=("SumeAuthFailed",), **reads)
         if reply.why == "forbidden":
             logger.error("Sume forbids this job (another workspace); recording it as failed", extra=log)
         else:
@@ -403,16 +494,23 @@ class Poller:
         error = {"code": reply.code or reply.why, "message": reply.message or f"Sume answered {reply.http_status}"}
         return self._finish(chain, hold, "failed", None, error, status_reads=status_reads, result_reads=result_reads)
 
-    def _key_refused(self, deadline: Deadline) -> bool:
+    def _key_refused(self, deadline: Deadline) -> bool | None:
         """After a 403 on a job: is it the key (True) or only this job (False)? One read that
         names no job (``GET /jobs?limit=1``), held for a minute; if the list route itself is
-        forbidden, a job this container read fine recently decides. No evidence: the key."""
+        forbidden, a job this container read fine recently decides. No evidence: the key. Each
+        read takes its slot from the budget like any other; None: no slot free now."""
         now = self.clock.now()
         if now < self._key_ok_until:
             return False
+        if not self._slot_now():
+            return None
         listing = self.sume.list_jobs(limit=1, budget=deadline.call_budget())
+        self._tell_budget(listing.rate)
         if isinstance(listing, Refused) and listing.why == "forbidden" and self._last_ok_job:
+            if not self._slot_now():
+                return None
             probe = self.sume.get_status(self._last_ok_job, budget=deadline.call_budget())
+            self._tell_budget(probe.rate)
             refused = isinstance(probe, Refused) and probe.why in ("key", "forbidden")
         else:
             refused = isinstance(listing, Refused) and listing.why in ("key", "forbidden")
@@ -428,14 +526,15 @@ class Poller:
                             {"code": code, "message": "sume-poller stopped watching this job at its deadline"})
 
     def _finish(self, chain: PollMessage, hold: Hold, status: str, sume_status: str | None,
-                error: dict[str, str] | None, *, result: Any = None, has_result: bool = False,
+                error: dict[str, str] | None, *, result: dict[str, Any] | None = None,
                 status_reads: int = 0, result_reads: int = 0) -> Outcome:
         now = self.clock.now()
-        ending = Ending(status, sume_status, error, result, has_result, chain.reads, chain.result_reads,
+        ending = Ending(status, sume_status, error, result or {}, chain.reads, chain.result_reads,
                         chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain")
         write = self.store.record_terminal(chain.job_id, ending, now=now)
         self._step("written", chain.job_id)
         if not write.won:
+            self._discard(ending)
             return _counted(self._not_pending(chain.job_id, write.record, hold), status_reads, result_reads)
         assert write.record is not None
         self._finish_outbox(chain.job_id, write.record)
@@ -445,15 +544,28 @@ class Poller:
         self._step("released", chain.job_id)
         return Outcome("terminal", status_reads, result_reads, status)
 
+    def _discard(self, ending: Ending) -> None:
+        """An attempt that lost the terminal write removes the result object it wrote (the bucket's
+        lifecycle rule expires it should this fail)."""
+        key = ending.result.get("result_s3_key")
+        if key and self.store.results is not None:
+            try:
+                self.store.results.discard(key)
+            except AwsError as exc:
+                logger.warning("result object of a losing attempt left to expire", extra={"error": type(exc).__name__})
+
     def _finish_outbox(self, job_id: str, record: dict[str, Any]) -> None:
         """Everything a terminal transition owes, each step safe to repeat: the observation of
-        its completion time, the event, then the record leaves the index."""
+        its completion time, the claim of its result object, the event, then the record leaves
+        the index."""
         observation = completion_interval(record)
         if observation is not None:
             kind = str(record.get("kind"))
             for profile in dict.fromkeys((str(record.get("profile") or kind), kind)):
                 self.store.put_observation(profile, job_id, *observation,
                                            at=float(record.get("terminal_at") or self.clock.now()))
+        if record.get("result_s3_key") and self.store.results is not None:
+            self.store.results.claim(str(record["result_s3_key"]))
         self.bus.put_terminal(job_id, record)
         self._step("published", job_id)
         self.store.clear_outbox(job_id, now=self.clock.now())
@@ -470,8 +582,9 @@ class Poller:
             self._finish_outbox(job_id, record)
             hold.release()
             return Outcome("outbox", status=str(record.get("status")))
-        if duplicate and record.get("status") == PENDING:
-            logger.info("a duplicate of this step already read Sume (Redis down); dropped")
+        if record.get("status") == PENDING:
+            logger.info("a duplicate of this step already read Sume (Redis down); dropped" if duplicate else
+                        "an outbox message for a pending job; dropped (fan-out starts its chain)")
         else:
             logger.info("job already terminal; message dropped", extra={"status": record.get("status")})
         hold.release()
@@ -485,9 +598,11 @@ class Poller:
         now = self.clock.now()
         due = min(max(due, now), float(chain.deadline_at))
         nxt = chain.next(seq=chain.seq + 1, due_at=round(due, 3), **changes)
-        delay = min(due - now, self.queue.max_delay)
+        delay = min(max(due, nxt.paced_at or 0.0) - now, self.queue.max_delay)
         if nxt.normal_due is not None:  # a stretched chain hops to check that sweeps still cover it
             delay = min(delay, self.s.discovery.check)
+        if nxt.paced_at is not None:  # waiting for the outage pacer: back soon, in case Redis is
+            delay = min(delay, PACED_HOP)
         if not hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
             logger.warning("lease lost before re-queue; another chain owns the job")
             return Outcome("lease_lost", status_reads, result_reads, signals=signals)
@@ -530,21 +645,50 @@ class Poller:
             return math.inf
         return max_wait(read_priority(model, last, age), DEFAULT_W0)
 
-    def _take_slot(self, ahead: bool = False) -> Grant | None:
-        """A read slot for a second read in the same step (the result after a terminal status)."""
+    def _take_slot(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant | None:
+        """A read slot outside the gate (a fresh chain's, a second read in the same step); the
+        outage pacer's while Redis is unreachable. None: the budget is unlimited."""
+        if self.budget.unlimited:
+            return None
         try:
-            return None if self.budget.unlimited else self.budget.take("ahead" if ahead else "take")
-        except RedisError:
-            wait = self.pacer.take()
-            return Grant(True, wait)
+            grant = self.budget.take(mode, max_wait, slot)
+        except RedisFailure as exc:
+            self._redis_failed(exc, "pacing this read locally")
+            return Grant(True, self.pacer.take())
+        self._learn(grant)
+        return grant
+
+    def _slot_now(self) -> bool:
+        """A read slot free now for a read outside the job's chain (the key check); none reserved."""
+        grant = self._take_slot("ahead", max_wait=0.0)
+        return grant is None or grant.now
+
+    def _learn(self, grant: Grant | None) -> None:
+        if grant is not None:
+            if grant.pending is not None:
+                self._pending = grant.pending
+            self.pacer.learn(grant.day_left)
 
     def _tell_budget(self, rate: RateInfo) -> None:
+        if rate.retry_after is not None:
+            self.pacer.pause(self.clock.now() + rate.retry_after)
         if rate.retry_after is None and not rate.worth_telling(self.budget.per_minute or None):
             return
         try:
             self.budget.feedback(rate)
-        except RedisError as exc:
-            logger.warning("could not tell the budget what Sume said", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:
+            self._redis_failed(exc, "the budget was not told what Sume said")
+
+    def _redis_failed(self, exc: BaseException, consequence: str) -> str:
+        """Log a Redis failure once, by kind (see :mod:`sume_poller.redisconn`); the signal to count."""
+        kind = failure(exc)
+        if kind == UNAVAILABLE:
+            self.breaker.trip()
+            reconnect(self.lease.client, exc)
+            logger.warning(f"Redis unavailable: {consequence}", extra=describe(exc))
+        else:
+            logger.error(f"Redis refused a command (misconfigured): {consequence}", extra=describe(exc))
+        return kind
 
 
 def _refresh(chain: PollMessage, record: dict[str, Any]) -> PollMessage:
@@ -558,6 +702,12 @@ def _refresh(chain: PollMessage, record: dict[str, Any]) -> PollMessage:
 
 def _with_signals(outcome: Outcome, signals: tuple[str, ...]) -> Outcome:
     return replace(outcome, signals=outcome.signals + signals)
+
+
+def _not_there(reply: Retryable | Refused) -> bool:
+    """The result route's answers for a result that is not there (yet): 404, or 409/425, which
+    Sume may use for "not ready" (its contract does not say)."""
+    return reply.http_status in (404, 409, 425)
 
 
 def _counted(outcome: Outcome, status_reads: int = 0, result_reads: int = 0) -> Outcome:

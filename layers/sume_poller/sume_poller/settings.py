@@ -344,6 +344,8 @@ class PollSettings(SumeReaderSettings):
     what: ClassVar[str] = "poll function"
     event_bus_name: str = setting("EVENT_BUS_NAME", "default")
     result_bucket: str = setting("RESULT_BUCKET")
+    #: A result larger than this is recorded completed with ``result_too_large``, never stored.
+    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, 500)
     schedule: ScheduleSettings
     discovery: DiscoverySettings = DiscoverySettings()
 

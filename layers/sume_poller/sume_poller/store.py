@@ -11,13 +11,22 @@ The job record (key ``job_id``; numbers are clock seconds)::
     terminal_at, sume_status, error{code,message}?, reads, status_reads, result_reads
     found_by        "chain" | "sweep" | "webhook": who learned first that the job was finished
     seen_running_at, seen_terminal_at   bounds of the completion time (for the learned schedule)
-    result_json (inline, up to INLINE_RESULT_BYTES) | result_s3_key + result_bytes
+    result_json (inline, up to INLINE_RESULT_BYTES) | result_s3_key + result_bytes + result_content_type
     event_pending   set by the terminal write; cleared once the event is on the bus
 
 The exactly-once step is :meth:`JobStore.record_terminal`: a conditional write that wins only
 while the job is pending. The winner moves the job to the outbox partition; whoever finishes
-the outbox (this attempt, a redelivery, or a fan-out tick) records the observation, publishes
-the event and clears it. Per-profile observations live in items keyed ``#stats:<profile>``
+the outbox (this attempt, a redelivery, or a fan-out tick) records the observation, claims the
+result object, publishes the event and clears it.
+
+Large results (:class:`ResultBucket`) are streamed to S3 before that write, each attempt to a key
+of its own (``results/<job_id>/<attempt>``) tagged ``sume-poller-attempt=unclaimed``: the record
+points at the object of the attempt whose write won, the outbox removes that object's tag, and
+the objects of attempts that lost are deleted by them or, should they die first, expired by the
+bucket's lifecycle rule on the tag. So the object a record points at is always the one its own
+attempt wrote (results with signed URLs differ from fetch to fetch).
+
+Per-profile observations live in items keyed ``#stats:<profile>``
 (job ids never start with ``#``), one slot per job, so writing one twice changes nothing.
 
 Numbers come back from boto3's deserializer as ``Decimal``; :func:`plain` turns them into
@@ -28,9 +37,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import secrets
+import threading
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
@@ -39,6 +50,12 @@ from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
 INLINE_RESULT_BYTES = 100_000
+#: The tag of a result object no terminal write has claimed yet (the bucket's lifecycle expires them).
+ATTEMPT_TAG = ("sume-poller-attempt", "unclaimed")
+#: Large results streamed at once per container, and the piece of one held in memory: the bytes in
+#: flight are bounded by their product whatever a batch fetches (S3's multipart parts are >= 5 MiB).
+UPLOAD_STREAMS = 2
+UPLOAD_PART_BYTES = 8 * 1024 * 1024
 #: Observation slots per profile item: the newest job in a slot wins (bounded, recent-weighted).
 STATS_SLOTS = 200
 STATS_PREFIX = "#stats:"
@@ -96,8 +113,8 @@ class Ending:
     status: str
     sume_status: str | None = None
     error: dict[str, str] | None = None
-    result: Any = None
-    has_result: bool = False
+    #: Where the result is: ``result_json`` inline, or ``result_s3_key`` (+ size, content type).
+    result: dict[str, Any] = field(default_factory=dict)
     status_reads: int = 0
     result_reads: int = 0
     seen_running_at: float | None = None
@@ -106,19 +123,59 @@ class Ending:
     found_by: str = "chain"
 
 
-class ResultBucket:
-    """Results too large for the record: ``results/<job_id>.json`` in S3."""
+class Readable(Protocol):
+    content_type: str
+    size: int
 
-    def __init__(self, bucket: str, s3: Any = None) -> None:
+    def read(self, amount: int = -1) -> bytes: ...
+
+
+class ResultBucket:
+    """Results too large for the record, one S3 object per attempt (see the module docstring)."""
+
+    def __init__(self, bucket: str, s3: Any = None, streams: int = UPLOAD_STREAMS) -> None:
         self.bucket = bucket
         self._s3 = s3
+        self._streams = threading.BoundedSemaphore(streams)
 
-    def put(self, job_id: str, body: bytes) -> str:
+    @property
+    def s3(self) -> Any:
         if self._s3 is None:
             self._s3 = client("s3")
-        key = f"results/{job_id}.json"
-        self._s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
-        return key
+        return self._s3
+
+    @staticmethod
+    def attempt_key(job_id: str) -> str:
+        return f"results/{job_id}/{secrets.token_hex(8)}"
+
+    def put(self, job_id: str, body: bytes, content_type: str = "application/json") -> dict[str, Any]:
+        """Store a body already in memory; the record fields that point at it."""
+        key = self.attempt_key(job_id)
+        self.s3.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType=content_type,
+                           Tagging="=".join(ATTEMPT_TAG))
+        return {"result_s3_key": key, "result_bytes": len(body), "result_content_type": content_type}
+
+    def upload(self, job_id: str, stream: Readable) -> dict[str, Any]:
+        """Stream ``stream`` to S3 in parts (s3transfer's multipart upload, one part in memory at a
+        time, at most ``UPLOAD_STREAMS`` uploads at once per container; a failed upload is aborted);
+        the record fields that point at it."""
+        from boto3.s3.transfer import TransferConfig
+
+        config = TransferConfig(multipart_threshold=UPLOAD_PART_BYTES, multipart_chunksize=UPLOAD_PART_BYTES,
+                                max_concurrency=1, use_threads=False)
+        key = self.attempt_key(job_id)
+        with self._streams:
+            self.s3.upload_fileobj(stream, self.bucket, key, Config=config, ExtraArgs={
+                "ContentType": stream.content_type, "Tagging": "=".join(ATTEMPT_TAG)})
+        return {"result_s3_key": key, "result_bytes": stream.size, "result_content_type": stream.content_type}
+
+    def claim(self, key: str) -> None:
+        """The record points at this object: it no longer expires (safe to repeat)."""
+        self.s3.delete_object_tagging(Bucket=self.bucket, Key=key)
+
+    def discard(self, key: str) -> None:
+        """An attempt that lost the terminal write removes its object (the lifecycle rule would)."""
+        self.s3.delete_object(Bucket=self.bucket, Key=key)
 
 
 class JobStore:
@@ -126,7 +183,7 @@ class JobStore:
         self.table = table
         self.shards = shards
         self._ddb = ddb or client("dynamodb")
-        self._results = results
+        self.results = results
 
     # -- writes -------------------------------------------------------------------------------
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int,
@@ -147,10 +204,8 @@ class JobStore:
             "error": outcome.error, "status_reads": outcome.status_reads, "result_reads": outcome.result_reads,
             "reads": outcome.status_reads + outcome.result_reads,
             "seen_running_at": outcome.seen_running_at, "seen_terminal_at": outcome.seen_terminal_at,
-            "found_by": outcome.found_by,
+            "found_by": outcome.found_by, **outcome.result,
         }
-        if outcome.has_result:
-            values.update(self._result_fields(job_id, outcome.result))
         present = {k: v for k, v in values.items() if v is not None}
         names = {f"#a{i}": k for i, k in enumerate(present)}
         attrs = to_attrs({f":v{i}": v for i, v in enumerate(present.values())})
@@ -161,13 +216,13 @@ class JobStore:
             ConditionExpression="begins_with(pending_shard, :p)",
             ExpressionAttributeNames=names, ExpressionAttributeValues=attrs, ReturnValues="ALL_NEW")
 
-    def _result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
-        text = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
-        size = len(text.encode())
-        if size <= INLINE_RESULT_BYTES or self._results is None:
-            return {"result_json": text, "result_bytes": size}
-        key = self._results.put(job_id, text.encode())
-        return {"result_s3_key": key, "result_bytes": size}
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
+        """The record fields of a parsed result: inline up to ``INLINE_RESULT_BYTES``, else its
+        JSON text in S3 (one object of this attempt, see :class:`ResultBucket`)."""
+        text = json.dumps(result, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= INLINE_RESULT_BYTES or self.results is None:
+            return {"result_json": text.decode(), "result_bytes": len(text)}
+        return self.results.put(job_id, text)
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         """The terminal event is on the bus: the job leaves the index. False if already done."""

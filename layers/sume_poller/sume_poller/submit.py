@@ -33,14 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .budget import Budget, Grant, LocalPacer
 from .jobs import KINDS, InvalidJobId, validate_job_id
 from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
+from .redisconn import RedisFailure, describe
 from .schedule import Bounds, next_delay, profile_key
 from .settings import SubmitSettings
 from .store import JobStore
@@ -153,7 +152,7 @@ class Submitter:
     def _take_create_slot(self) -> None:
         try:
             grant = self.creates.take(max_wait=0.0)
-        except RedisError:
+        except RedisFailure:
             wait = self.pacer.take()
             grant = Grant(wait <= 0, wait)
         if not grant.now:
@@ -194,12 +193,12 @@ class Submitter:
         try:
             ttl = self.clock.to_real(delay) + self.s.lease.start_ttl
             self.lease.start(job_id, token, max(1, int(ttl * 1000)))
-        except RedisError as exc:  # the chain runs without the lease until Redis is back
-            logger.warning("lease not taken (Redis); the first poll runs unleased", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:  # the chain runs without the lease until Redis is back
+            logger.warning("lease not taken (Redis); the first poll runs unleased", extra=describe(exc))
         first = PollMessage(job_id=job_id, kind=kind, deadline_at=int(now) + self.s.jobs.max_age,
                             due_at=round(now + delay, 3), token=token, seq=0, submitted_at=int(now), profile=profile)
         if self.queue.send([Outgoing(job_id, first.to_json(), delay)]):
             logger.warning("first poll not queued; fan-out starts the chain", extra={"job_id": job_id})
-            with contextlib.suppress(RedisError):
+            with contextlib.suppress(*RedisFailure):
                 self.lease.release(job_id, f"{token}:0")
         return True

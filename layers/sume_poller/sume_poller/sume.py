@@ -5,7 +5,10 @@ Every call returns an outcome instead of raising, so the caller decides per job:
 * :class:`Pending`   - not terminal yet (maybe with Sume's ``next_poll_after_seconds``);
 * :class:`Terminal`  - terminal, by its status or by ``terminal: true`` (``terminal: false``
   never overrides a terminal status);
-* :class:`Result`    - a completed job's result: any JSON value (its shape varies by job type);
+* :class:`Result`    - a completed job's result: any JSON value (its shape varies by job type),
+  parsed when it is small; a larger one is a :class:`ResultStream` of the bytes as Sume sends
+  them (the caller streams it to S3, never holding it whole), and one whose ``Content-Length``
+  passes the client's maximum is :class:`Oversized` (nothing read);
 * :class:`Listing`   - one page of ``GET /jobs``;
 * :class:`Retryable` - a transient fault (timeout, 408/409/425/429, 5xx, a garbage body), with
   Sume's ``Retry-After`` when it sent one;
@@ -62,11 +65,86 @@ class Terminal:
     request_id: str | None = None
     next_poll_after: float | None = None
     rate: RateInfo = _NO_RATE
+    #: The reply carried ``result_ready`` (Sume's gate for the result fetch): a wait for the
+    #: result then reads the status; without it a completed job's result is assumed ready.
+    gated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
     payload: Any = field(repr=False)
+    request_id: str | None = None
+    rate: RateInfo = _NO_RATE
+
+
+class BodyTooLarge(Exception):
+    """A result body grew past the client's maximum while it was read (``size``: bytes seen)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"result body larger than {size} bytes")
+        self.size = size
+
+
+class StreamTimeout(Exception):
+    """A result body could not be read within the time the caller had left."""
+
+
+class ResultStream:
+    """A large result body as Sume sends it, read in pieces (a file-like ``read(n)``); counts its
+    bytes, stops past ``max_bytes`` (:class:`BodyTooLarge`) or when ``time_left()`` runs low
+    (:class:`StreamTimeout`). Use it as a context manager: leaving closes the connection."""
+
+    def __init__(self, head: bytes, response: Any, *, content_type: str, length: int | None, max_bytes: int,
+                 time_left: Callable[[], float], request_id: str | None, rate: RateInfo) -> None:
+        self._head = head
+        self._response = response
+        self.content_type = content_type
+        self.length = length
+        self.max_bytes = max_bytes
+        self._time_left = time_left
+        self.request_id = request_id
+        self.rate = rate
+        self.size = 0
+
+    def read(self, amount: int = -1) -> bytes:
+        """Up to ``amount`` bytes (fewer only at the end); all that is left when ``amount`` < 0
+        (s3transfer reads a body below its multipart threshold so: still bounded by ``max_bytes``)."""
+        wanted = self.max_bytes + 1 - self.size if amount < 0 else amount
+        parts = []
+        if self._head:
+            parts.append(self._head[:wanted])
+            self._head = self._head[wanted:]
+            wanted -= len(parts[0])
+        while wanted > 0:
+            if self._time_left() <= 0:
+                raise StreamTimeout("no time left to read the result")
+            try:
+                piece = self._response.read(min(wanted, 1 << 20))
+            except Urllib3Error as exc:
+                raise StreamTimeout(f"reading the result failed ({type(exc).__name__})") from exc
+            if not piece:
+                break
+            parts.append(piece)
+            wanted -= len(piece)
+        data = b"".join(parts)
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise BodyTooLarge(self.size)
+        return data
+
+    def __enter__(self) -> ResultStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._response.close()  # a body not read to its end cannot go back to the pool
+        self._response.release_conn()
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A result whose ``Content-Length`` passes the client's maximum: nothing was read."""
+
+    size: int
     request_id: str | None = None
     rate: RateInfo = _NO_RATE
 
@@ -109,7 +187,7 @@ class Created:
 
 
 StatusOutcome = Pending | Terminal | Retryable | Refused
-ResultOutcome = Result | Retryable | Refused
+ResultOutcome = Result | ResultStream | Oversized | Retryable | Refused
 ListOutcome = Listing | Retryable | Refused
 CreateOutcome = Created | Retryable | Refused
 
@@ -211,8 +289,9 @@ def interpret_status(body: Any, request_id: str | None = None, rate: RateInfo = 
     raw_error = job.get("error")
     if canonical != "completed" and isinstance(raw_error, dict):
         error = {k: str(raw_error[k])[:300] for k in ("code", "message") if isinstance(raw_error.get(k), str | int)}
-    ready = canonical == "completed" and (result_ready if isinstance(result_ready, bool) else True)
-    return Terminal(canonical, status, ready, error or None, request_id, next_poll, rate)
+    gated = isinstance(result_ready, bool)
+    ready = canonical == "completed" and (result_ready if gated else True)
+    return Terminal(canonical, status, ready, error or None, request_id, next_poll, rate, gated)
 
 
 def extract_job_ids(body: Any) -> tuple[str, ...]:
@@ -255,8 +334,9 @@ class SumeClient:
 
     def __init__(self, base_url: str, api_key: Callable[[], str], *, connect_timeout: float = 3.0,
                  read_timeout: float = 10.0, pool_size: int = 16,
-                 on_key_rejected: Callable[[], None] | None = None) -> None:
+                 on_key_rejected: Callable[[], None] | None = None, result_max_bytes: int = MAX_RESULT_BODY) -> None:
         self._base = base_url.rstrip("/")
+        self.result_max_bytes = result_max_bytes
         self._api_key = api_key
         self._on_key_rejected = on_key_rejected
         self.connect_timeout = connect_timeout
@@ -276,16 +356,31 @@ class SumeClient:
         budget = max(0.05, budget)
         return Timeout(total=budget, connect=min(self.connect_timeout, budget), read=min(self.read_timeout, budget))
 
-    def _request(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
-                 headers: Mapping[str, str] | None = None, limit: int = MAX_BODY) -> _Reply:
+    def _send(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
+              headers: Mapping[str, str] | None = None) -> Any:
+        """The response, unread (raises urllib3's errors)."""
         hdrs = {"Authorization": f"Bearer {self._api_key()}", **(headers or {})}
         payload = None
         if body is not None:
             payload = json.dumps(body).encode()
             hdrs["Content-Type"] = "application/json"
+        return self._http.request(method, self._base + path, body=payload, headers=hdrs,
+                                  preload_content=False, timeout=self._timeout(budget))
+
+    @staticmethod
+    def _parse(response: Any, raw: bytes, limit: int) -> _Reply:
+        if len(raw) > limit:
+            return _Reply(response.status, _MALFORMED, response.headers)
         try:
-            resp = self._http.request(method, self._base + path, body=payload, headers=hdrs,
-                                      preload_content=False, timeout=self._timeout(budget))
+            parsed = json.loads(raw) if raw else _MALFORMED
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
+            parsed = _MALFORMED
+        return _Reply(response.status, parsed, response.headers)
+
+    def _request(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
+                 headers: Mapping[str, str] | None = None, limit: int = MAX_BODY) -> _Reply:
+        try:
+            resp = self._send(method, path, budget=budget, body=body, headers=headers)
         except Urllib3Error as exc:
             return _Reply(None, None, {}, type(getattr(exc, "reason", None) or exc).__name__)
         try:
@@ -294,13 +389,7 @@ class SumeClient:
             return _Reply(None, None, {}, type(exc).__name__)
         finally:
             resp.release_conn()
-        if len(raw) > limit:
-            return _Reply(resp.status, _MALFORMED, resp.headers)
-        try:
-            parsed = json.loads(raw) if raw else _MALFORMED
-        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-            parsed = _MALFORMED
-        return _Reply(resp.status, parsed, resp.headers)
+        return self._parse(resp, raw, limit)
 
     def _failure(self, reply: _Reply) -> Retryable | Refused:
         rate = parse_rate(reply.headers)
@@ -323,15 +412,40 @@ class SumeClient:
             return self._failure(reply)
         return interpret_status(reply.body, reply.request_id, parse_rate(reply.headers))
 
-    def get_result(self, job_id: str, budget: float | None = None) -> ResultOutcome:
-        """``GET /jobs/{id}/result``: any JSON value is a result."""
-        reply = self._request("GET", f"/jobs/{quote(job_id, safe='')}/result", budget=budget, limit=MAX_RESULT_BODY)
+    def get_result(self, job_id: str, budget: float | None = None, *, inline_limit: int = MAX_BODY,
+                   time_left: Callable[[], float] | None = None) -> ResultOutcome:
+        """``GET /jobs/{id}/result``: any JSON value is a result. A body up to ``inline_limit``
+        bytes is read and parsed (:class:`Result`); a larger one comes back unread as a
+        :class:`ResultStream` (read it within ``time_left()`` real seconds, at most the client's
+        ``result_max_bytes``); a ``Content-Length`` above that maximum is :class:`Oversized`."""
+        try:
+            resp = self._send("GET", f"/jobs/{quote(job_id, safe='')}/result", budget=budget)
+        except Urllib3Error as exc:
+            return Retryable(f"transport:{type(getattr(exc, 'reason', None) or exc).__name__}")
+        streaming = False
+        try:
+            rate = parse_rate(resp.headers)
+            length = _int_header(resp.headers, "Content-Length")
+            if resp.status == 200 and length is not None and length > self.result_max_bytes:
+                return Oversized(length, resp.headers.get("X-Request-Id"), rate)
+            head = resp.read(inline_limit + 1 if resp.status == 200 else MAX_BODY + 1)
+            if resp.status == 200 and len(head) > inline_limit:
+                streaming = True
+                return ResultStream(head, resp, content_type=resp.headers.get("Content-Type") or "application/json",
+                                    length=length, max_bytes=self.result_max_bytes,
+                                    time_left=time_left or (lambda: math.inf),
+                                    request_id=resp.headers.get("X-Request-Id"), rate=rate)
+        except Urllib3Error as exc:
+            return Retryable(f"transport:{type(exc).__name__}")
+        finally:
+            if not streaming:
+                resp.release_conn()
+        reply = self._parse(resp, head, MAX_BODY if resp.status != 200 else inline_limit)
         if reply.status != 200:
             return self._failure(reply)
         if reply.body is _MALFORMED:
-            return Retryable("malformed_body", http_status=200, request_id=reply.request_id,
-                             rate=parse_rate(reply.headers))
-        return Result(reply.body, reply.request_id, parse_rate(reply.headers))
+            return Retryable("malformed_body", http_status=200, request_id=reply.request_id, rate=rate)
+        return Result(reply.body, reply.request_id, rate)
 
     def list_jobs(self, *, limit: int, cursor: str | None = None, type_: str | None = None,
                   status: str | None = None, budget: float | None = None) -> ListOutcome:

@@ -5,11 +5,18 @@ are not documented, so a sweep assumes nothing it has not checked:
 
 * one ``status`` per call (completed, failed, canceled, expired), no ``type`` filter: listed ids
   are matched to this project's pending jobs by their records (which know each job's kind);
+  ids this project never submitted are ignored;
+* the filter filters: every item of a page must carry a terminal status equal to the one asked
+  (case-insensitive, synonyms allowed: ``complete`` for ``completed``, ``cancelled`` for
+  ``canceled``...). Anything else on the page - a running job, an item without a status, another
+  terminal status - is evidence that the route does not filter as assumed: nothing of that page is
+  handed over, the sweep stops, and that status is left out of sweeps for an hour (proving nothing
+  meanwhile, so every kind is on the normal schedule; ``SweepRouteBroken`` and its alarm);
 * pages are read until the reply says there are no more (a cursor field that comes back empty),
   or - when items carry ``updated_at`` and it never increases down the pages - until they reach
   back past the previous complete sweep (minus the list's lag allowance). A full page without a
-  usable cursor, or reaching the page cap, makes the sweep *incomplete*: it finished what it saw
-  but proves nothing;
+  usable cursor, a cursor that comes back again, a failed page read (5xx, garbage) or reaching the
+  page cap makes the sweep *incomplete*: it handed over what it saw but proves nothing;
 * a 404/400 on the route (or garbage) marks it broken and a 403 forbidden, for an hour: sweeps
   stop and every kind returns to the normal schedule. A 403 on the list is about the list, not
   the key: chains are not paused;
@@ -18,10 +25,13 @@ are not documented, so a sweep assumes nothing it has not checked:
   chains have reserved the budget ahead, a sweep reads now.
 
 A listed job that is pending here is handed over (:meth:`LeaseStore.hand_over`): its waiting
-chain step is fenced out and a finishing message is queued - the poll function then writes a
-failed/canceled/expired job without a read, or fetches a completed job's result once and writes
-it. If a delivery of the chain is mid-poll, the sweep leaves the job to it. Complete sweeps
-then judge coverage (:mod:`sume_poller.coverage`).
+chain step is fenced out and a message that reads now is queued in its place. A list never makes a
+job terminal by itself - only the job's own routes do: a completed job gets its result read (the
+result is the proof; a result route that says it has none sends the job back to a status read,
+once), a failed/canceled/expired one gets its status read, which records it (the same one read a
+sweep that checked the status itself would spend, and the poll path's fences and budget come with
+it). If a delivery of the chain is mid-poll, the sweep leaves the job to it. Complete sweeps then
+judge coverage (:mod:`sume_poller.coverage`).
 
 Cadence: the schedule ticks (the sweep measures how often, in clock time), but a sweep runs only
 while it saves reads: when the
@@ -38,16 +48,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .budget import Budget
 from .clock import Clock
 from .coverage import CoverageStore
-from .jobs import InvalidJobId, canonical_terminal_status, validate_job_id
+from .jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
 from .lease import LeaseStore, new_token
-from .messages import RESULT_PHASE, PollMessage
+from .messages import RESULT_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
+from .redisconn import RedisFailure, describe, failure
 from .store import JobStore
 from .sume import Listing, Refused, SumeClient
 
@@ -95,7 +104,7 @@ class SweepSettings:
 class Sweeper:
     def __init__(self, settings: SweepSettings, clock: Clock, *, sume: SumeClient, store: JobStore,
                  queue: PollQueue, lease: LeaseStore, budget: Budget, coverage: CoverageStore,
-                 remaining_ms: Callable[[], int], handover_ttl_real: float) -> None:
+                 remaining_ms: Callable[[], int], handover_ttl_real: float, margin_real: float = 0.0) -> None:
         self.s = settings
         self.clock = clock
         self.sume = sume
@@ -106,6 +115,7 @@ class Sweeper:
         self.coverage = coverage
         self.remaining_ms = remaining_ms
         self.handover_ttl_ms = max(1, int(handover_ttl_real * 1000))
+        self.margin_ms = int(margin_real * 1000)
         self.report = SweepReport()
         self.tick = settings.period
         self._prepaid = 0  # list reads reserved at once when the sweep started
@@ -125,8 +135,8 @@ class Sweeper:
                     self.coverage.update(healthy_until=0)  # no sweep is coming: chains back to normal
                 return self.report
             self.coverage.update(last_at=now)
-        except RedisError as exc:
-            self.report.why_not = f"Redis unavailable ({type(exc).__name__})"
+        except RedisFailure as exc:
+            self.report.why_not = f"{failure(exc)} ({type(exc).__name__}: {describe(exc).get('redis_message', '')})"
             return self.report
         self.report.ran = True
         self._sweep(now, state)
@@ -168,6 +178,9 @@ class Sweeper:
         watermarks: dict[str, float] = {}
         complete = True
         for status in STATUSES:
+            if started < float(state.get(f"unfiltered:{status}", 0)):
+                complete = self._incomplete(f"status={status} left out: the route did not filter by it")
+                continue
             done, newest = self._status(status, float(state.get(f"wm:{status}", 0)), started, listed)
             complete = complete and done
             if newest is not None:
@@ -193,6 +206,7 @@ class Sweeper:
                 listed: dict[str, set[str]]) -> tuple[bool, float | None]:
         """Page through one status; (complete, newest updated_at seen)."""
         cursor: str | None = None
+        cursors: set[str] = set()
         newest: float | None = None
         last_seen: float | None = None
         monotone = True
@@ -223,6 +237,12 @@ class Sweeper:
                 newest = t if newest is None else max(newest, t)
                 monotone = monotone and (last_seen is None or t <= last_seen)
                 last_seen = t
+            stray = _stray(reply.items, status)
+            if stray is not None:
+                logger.error(f"the list route does not filter status={status}: sweeps leave it out, chains keep "
+                             "the normal schedule", extra={"item": stray})
+                self.coverage.fail_status(status, self.clock.now() + ROUTE_RETRY)
+                return self._incomplete(f"route does not filter status={status} ({stray})"), newest
             self._finish_listed(reply.items, status, listed)
             if reply.has_cursor and reply.next_cursor is None:
                 return True, newest
@@ -232,7 +252,10 @@ class Sweeper:
                 if len(reply.items) < PAGE_SIZE:
                     return True, newest
                 return self._incomplete("a full page without a usable cursor"), newest
+            if reply.next_cursor in cursors or reply.next_cursor == cursor:
+                return self._incomplete("the list's cursor came back again"), newest
             cursor = reply.next_cursor
+            cursors.add(cursor or "")
             if page + 1 == self.s.max_pages:
                 return self._incomplete(f"capped at {self.s.max_pages} pages"), newest
         return self._incomplete("capped"), newest
@@ -242,14 +265,15 @@ class Sweeper:
         return False
 
     def _finish_listed(self, items: tuple[dict[str, Any], ...], status: str, listed: dict[str, set[str]]) -> None:
+        """Hand over the listed jobs that are pending here (every item already checked by
+        :func:`_stray`: a terminal status equal to ``status``)."""
         ids: dict[str, str] = {}
         for item in items:
             try:
                 job_id = validate_job_id(item.get("id") or item.get("job_id"))
             except InvalidJobId:
                 continue
-            raw = item.get("status")
-            ids[job_id] = raw if isinstance(raw, str) and raw else status
+            ids[job_id] = str(item["status"]).strip().lower()
         self.report.listed += len(ids)
         records = self.store.get_many(list(ids))
         outgoing: list[tuple[Outgoing, str]] = []
@@ -268,27 +292,42 @@ class Sweeper:
         for message, held in outgoing:  # its waiting message is fenced out: free the lease for it
             if message.key in unsent:
                 logger.error("finishing message not sent; the job's chain takes over", extra={"job_id": message.key})
-                with contextlib.suppress(RedisError):
+                with contextlib.suppress(*RedisFailure):
                     self.lease.release(message.key, held)
         self.report.handed_over += len(outgoing) - len(unsent)
 
     def _hand_over(self, job_id: str, record: dict[str, Any], sume_status: str) -> tuple[Outgoing, str] | None:
-        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms)
+        now = self.clock.now()
+        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms, now=now, scale=self.clock.scale,
+                                    margin_ms=self.margin_ms)
         if held is None:
             return None
-        now = self.clock.now()
-        canonical = canonical_terminal_status(sume_status, sume_status.lower() == "completed")
         submitted = record.get("submitted_at")
-        # A completed job's result read takes the read slot its fenced status step had reserved
-        # (that step never reads now); without one it goes ahead of the status reads in line.
-        slot = held.slot if canonical == "completed" else None
-        due = max(now, slot) if slot is not None else now
+        # The message reads in the read slot its fenced status step had reserved (that step never
+        # reads now); without one at once (a result read goes ahead of the status reads in line).
+        due = max(now, held.slot) if held.slot is not None else now
         message = PollMessage(
             job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(due, 3),
             token=held.token, seq=held.seq, submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-            profile=record.get("profile"), phase=RESULT_PHASE, seen_terminal_at=now, found_by="sweep",
-            outcome={"status": canonical, "sume_status": sume_status.lower()}, slot_at=slot)
+            profile=record.get("profile"), found_by="sweep", slot_at=held.slot)
+        if canonical_terminal_status(sume_status) == "completed":  # its result read is the proof
+            message = message.next(phase=RESULT_PHASE, seen_terminal_at=now,
+                                   outcome={"status": "completed", "sume_status": sume_status, "source": "list"})
+        else:  # a failure is recorded only once the job's own status read says so
+            message = message.next(phase=STATUS_PHASE)
         return Outgoing(job_id, message.to_json(), due - now), f"{held.token}:{held.seq}*"
+
+
+def _stray(items: tuple[dict[str, Any], ...], status: str) -> str | None:
+    """The first item of a page filtered by ``status`` whose own status is not that terminal status
+    (described for the log), or None when every item is as asked."""
+    for item in items:
+        raw = item.get("status")
+        if not isinstance(raw, str) or not raw.strip():
+            return "an item without a status"
+        if classify_status(raw) not in (State.SUCCEEDED, State.FAILED) or canonical_terminal_status(raw) != status:
+            return f"an item with status {raw.strip()[:40]!r}"
+    return None
 
 
 def _timestamp(value: Any) -> float | None:

@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from .clock import Clock
 from .coverage import CoverageStore
 from .jobs import InvalidJobId, validate_job_id
@@ -33,6 +31,7 @@ from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
+from .redisconn import RedisFailure, describe
 from .store import JobStore
 
 MAX_BODY = 64_000
@@ -60,7 +59,7 @@ def raw_body(event: Mapping[str, Any]) -> bytes:
 
 class WebhookReceiver:
     def __init__(self, clock: Clock, *, secret: Callable[[], str], tolerance: float, store: JobStore,
-                 lease: LeaseStore, queue: PollQueue, handover_ttl_real: float,
+                 lease: LeaseStore, queue: PollQueue, handover_ttl_real: float, margin_real: float = 0.0,
                  coverage: CoverageStore | None = None) -> None:
         self.clock = clock
         self.secret = secret
@@ -69,6 +68,7 @@ class WebhookReceiver:
         self.lease = lease
         self.queue = queue
         self.handover_ttl_ms = max(1, int(handover_ttl_real * 1000))
+        self.margin_ms = int(margin_real * 1000)
         self.seen_prefix = f"{lease.prefix}!webhook:"
         self.coverage = coverage
 
@@ -93,7 +93,7 @@ class WebhookReceiver:
         except (ValueError, AttributeError, InvalidJobId) as exc:
             return Answer(400, {"error": f"malformed event: {str(exc)[:100]}"})
         if self.coverage is not None:  # deliveries arrive: chains of webhook kinds may stretch
-            with contextlib.suppress(RedisError):
+            with contextlib.suppress(*RedisFailure):
                 self.coverage.webhook_arrived(self.clock.now())
         if self._seen(event_id):
             return Answer(200, {"duplicate": True})
@@ -109,21 +109,22 @@ class WebhookReceiver:
         try:
             ttl = max(1, int(self.clock.to_real(2 * self.tolerance)))
             self.lease.client.set(self.seen_prefix + event_id, "1", ex=ttl)
-        except RedisError as exc:
-            logger.warning("webhook event id not remembered", extra={"error": type(exc).__name__})
+        except RedisFailure as exc:
+            logger.warning("webhook event id not remembered", extra=describe(exc))
 
     def _read_now(self, job_id: str) -> bool:
         """Queue a status read of the job now, in place of its chain's waiting step."""
         record = self.store.get(job_id)
         if record is None or record.get("status") != "pending":
             return False  # not ours, or already finished: nothing to read
-        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms)
+        now = self.clock.now()
+        held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms, now=now, scale=self.clock.scale,
+                                    margin_ms=self.margin_ms)
         if held is None:
             return False  # a delivery of its chain is reading it right now
         submitted = record.get("submitted_at")
         # Under a binding budget the read takes the slot its fenced step had reserved (no later
         # than a new one at the end of the line); otherwise it reads now.
-        now = self.clock.now()
         due = max(now, held.slot) if held.slot is not None else now
         message = PollMessage(job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]),
                               due_at=round(due, 3), token=held.token, seq=held.seq, slot_at=held.slot,
