@@ -172,3 +172,19 @@ def test_a_step_waiting_on_a_reserved_read_slot_passes_it_to_whoever_takes_its_p
     assert lease.hand_over("job_s", new_token(), TTL) == (token, 4, 1_800_000_200.0)  # the slot goes with it
     late = Step(token, 3, new_nonce())  # the fenced step never reads, so the slot is used once
     assert claim(lease, "job_s", late) is Claim.HELD
+
+
+def test_a_hand_over_lease_lives_until_the_inherited_slot_plus_the_margin(lease: LeaseStore, rdb: redis.Redis) -> None:
+    """The waiting step reserved a read slot 5 clock minutes away; the finishing message inherits
+    it and is due then. Its lease must outlive that wait (a lapsed lease lets the fenced step take
+    the job as a fresh chain and read the status of a job already known to be finished)."""
+    token, now = new_token(), 1_800_000_000.0
+    slot = now + 300.0
+    rdb.set("t:lease:job_slow", f"{token}:3@{int(slot * 1000)}", px=TTL)
+    held = lease.hand_over("job_slow", new_token(), 60_000, now=now, scale=0.5, margin_ms=120_000)
+    assert held == (token, 4, slot)
+    # 300 clock s at 0.5 real s each, plus the 120 s margin: 270 real seconds, not the claim's 60
+    assert 269_000 < rdb.pttl("t:lease:job_slow") <= 270_000
+    rdb.set("t:lease:job_now", f"{token}:3", px=TTL)  # no slot: the claim's TTL
+    lease.hand_over("job_now", new_token(), 60_000, now=now, scale=0.5, margin_ms=120_000)
+    assert 59_000 < rdb.pttl("t:lease:job_now") <= 60_000

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import redis
 from invariants import check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, run, submit
 
@@ -52,3 +54,38 @@ def test_the_system_runs_on_a_redis_that_only_an_acl_user_may_use(moto_server: M
         ids = run_jobs(stack)
         check(stack, ids, scenario="password Redis (ACL user from Secrets Manager)", expected="completed")
         assert password not in stack.log_path.read_text(errors="replace")
+
+
+def readme_acl_rule() -> list[str]:
+    """The Redis user's rule exactly as README.md gives it (the one ```text block after "The Redis user")."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("**The Redis user**", 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0]
+    return block.split()
+
+
+@pytest.mark.parametrize("mode", ["standalone", "cluster"])
+def test_the_readme_acl_rule_is_all_the_system_needs(mode: str, moto_server: MotoServer) -> None:
+    """A user with README's rule and nothing more runs submit, the poll chains, fan-out and a sweep
+    on a standalone server and on a cluster; Redis logs no command it refused."""
+    rule = readme_acl_rule()
+    assert rule[0] == "~sume:poll:*" and "-@all" in rule
+    service: RedisServer | RedisCluster = RedisCluster(masters=3) if mode == "cluster" else RedisServer()
+    with service as redis_service:
+        nodes = redis_service.nodes if isinstance(redis_service, RedisCluster) else [("127.0.0.1", redis_service.port)]
+        admins = [redis.Redis(host=host, port=port, decode_responses=True) for host, port in nodes]
+        for admin in admins:
+            admin.execute_command("ACL", "SETUSER", "sume-poller", "reset", "on", ">acl-pw", *rule)
+        parameters = {**PARAMETERS, "RedisUrl": redis_service.url, "RedisSecretName": "redis/acl",
+                      "RedisMode": mode}
+        with InProcessStack(time_scale=SCALE, env=ENV, moto=moto_server, parameters=parameters) as stack:
+            stack.client("secretsmanager").create_secret(
+                Name="redis/acl", SecretString=json.dumps({"username": "sume-poller", "password": "acl-pw"}))
+            stack.sim.configure(list={"cursor": True, "order": "newest_first", "fields": "full"})
+            ids = submit(stack, 24, {"duration": 300, "steps": 3})
+            stack.fanout()  # counts the pending jobs: enough for the sweep's cost rule
+            swept = stack.invoke("SweepFunction", {"source": "aws.events"})
+            run(stack, ids)
+            check(stack, ids, scenario=f"ACL user with README's rule ({mode})", expected="completed")
+            assert swept["ran"], swept
+        refused = [entry for admin in admins for entry in admin.acl_log()]
+        assert refused == [], refused

@@ -37,7 +37,6 @@ A step returns an :class:`Outcome`; the next message is not sent here but handed
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -368,8 +367,15 @@ class Poller:
     def _terminal(self, chain: PollMessage, hold: Hold, reply: Terminal, now: float, deadline: Deadline) -> Outcome:
         self._last_ok_job = chain.job_id
         if self.coverage is not None and self.s.discovery.sweeps and chain.phase != RESULT_PHASE:
-            with contextlib.suppress(*RedisFailure):  # what proves (or disproves) sweeps' coverage
+            try:  # what proves (or disproves) sweeps' coverage
                 self.coverage.store.found(chain.kind, chain.job_id, now)
+            except RedisFailure as exc:
+                kind = self._redis_failed(exc, "the find was not kept for sweeps to judge")
+                return _with_signals(self._terminal_read(chain, hold, reply, now, deadline), (kind,))
+        return self._terminal_read(chain, hold, reply, now, deadline)
+
+    def _terminal_read(self, chain: PollMessage, hold: Hold, reply: Terminal, now: float,
+                       deadline: Deadline) -> Outcome:
         outcome: dict[str, Any] = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error,
                                    "source": "status", "result_ready": reply.result_ready if reply.gated else None}
         chain = chain.next(seen_terminal_at=chain.seen_terminal_at or now, errors=0,

@@ -151,9 +151,8 @@ def check(client: Any, mode: str, probe: Callable[[], None]) -> None:
             except ResponseError as exc:  # "cluster support disabled": a standalone server, as configured
                 if "disabled" not in str(exc):
                     raise
-            else:
-                text = info if isinstance(info, str) else str(info)
-                if "cluster_enabled:1" in text:
+            else:  # a cluster node answers with its state (a dict once redis-py has parsed it)
+                if "cluster_state" in (info if isinstance(info, dict) else str(info)):
                     raise RedisMisconfigured("REDIS_MODE=standalone, but the Redis endpoint is a cluster: "
                                              "deploy with RedisMode=cluster")
         probe()
