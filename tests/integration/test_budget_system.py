@@ -14,7 +14,8 @@ pytestmark = pytest.mark.integration
 
 SCALE = 0.1
 LIMIT = 40
-PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerMinute": LIMIT, "ReadsPerDay": 0}
+#: Sweeps off: their lane would keep 5 reads a minute of the 40 for list reads.
+PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerMinute": LIMIT, "ReadsPerDay": 0, "Sweeps": "false"}
 
 
 module_stack, stack = stack_fixtures(SCALE, PARAMETERS, SAFE_LEASES,
@@ -42,3 +43,37 @@ def test_every_job_finishes_with_its_result_inside_the_budget(stack: InProcessSt
     assert refused / attempts < 0.01, (refused, attempts)
     assert max(w["attempts"] for w in windows(stack)) <= LIMIT  # ours; the other client is Sume's business
     verdict.extra.update(attempts=attempts, refused=refused)
+
+
+def test_stuck_outboxes_take_no_read_slot_from_running_jobs(stack: InProcessStack,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 terminal jobs whose event EventBridge keeps refusing, for 5 clock minutes, beside 20
+    running jobs that want more reads than the budget: fan-out's outbox messages (re-sent after
+    doubling waits) take no read slot, so the running jobs get the budget - the whole minute
+    windows serve them at least 0.9 of the limit (the limiter grants 37 of 40: 0.925 at most)."""
+    from sume_poller.events import EventBus
+    from sume_poller.jobs import OUTBOX_PREFIX, shard_of
+
+    stuck = [f"job_stuck{i:02d}" for i in range(20)]
+    publish = EventBus.put_terminal
+
+    def refuse_the_stuck(self: EventBus, job_id: str, record: dict[str, object]) -> None:
+        if job_id in stuck:
+            raise RuntimeError("PutEvents failed (EventBridge down for these)")
+        publish(self, job_id, record)
+
+    monkeypatch.setattr(EventBus, "put_terminal", refuse_the_stuck)
+    now = stack.clock.now()
+    for job_id in stuck:
+        stack.table.put({"job_id": job_id, "kind": "image", "profile": "image", "status": "failed",
+                         "submitted_at": int(now) - 600, "deadline_at": int(now) + 86_400, "terminal_at": int(now),
+                         "event_pending": True, "pending_shard": shard_of(job_id, 2, OUTBOX_PREFIX)})
+    running = submit(stack, 20, {"duration": 3_600, "steps": 600})  # hints: each wants a read every 6 s
+    start = stack.clock.now()
+    stack.drive(lambda: stack.clock.now() >= start + 300, 60, fanout_every=1.0)
+    whole = [w for w in windows(stack) if w["start"] >= start and w["start"] + 60 <= stack.clock.now()]
+    served = [w["served"] / LIMIT for w in whole]
+    assert len(whole) >= 3 and sum(served) / len(served) >= 0.9, served
+    jobs = stack.sim.stats()["jobs"]
+    assert sum(jobs[j]["status_reads"] for j in running) >= 0.9 * LIMIT * len(whole)
+    assert stack.metric_totals()["FanOutOutboxBackingOff"] > 0  # re-sent after waits, not every tick

@@ -26,7 +26,7 @@ from sume_poller.redisconn import (
     failure,
 )
 from sume_poller.settings import RedisSettings
-from tools.services import RedisCluster, RedisServer, free_port
+from tools.services import RedisCluster, free_port
 
 pytestmark = pytest.mark.integration
 NOW = 1_800_000_000.0
@@ -103,7 +103,7 @@ def test_a_cluster_client_built_during_an_outage_works_once_the_cluster_answers(
         later.stop()
         client = connect(settings(url, "cluster"))
         assert isinstance(client, LazyCluster)
-        lease, budget, gate = parts(client, "cluster")  # scripts register without a node
+        lease, _, gate = parts(client, "cluster")  # scripts register without a node
         with pytest.raises(redis.ConnectionError) as down:
             client.ping()
         assert failure(down.value) == UNAVAILABLE

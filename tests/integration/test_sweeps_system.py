@@ -13,6 +13,7 @@ import redis
 from invariants import Crash, check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, stack_fixtures, submit
 
+from sume_poller import sweep
 from sume_poller.sweep import Sweeper
 from tools.stack.inprocess import InProcessStack
 
@@ -103,3 +104,46 @@ def test_a_sweep_that_dies_mid_page_loses_nothing(stack: InProcessStack, monkeyp
     check(stack, ids, scenario="a sweep dies mid-page after three hand-overs", expected="completed", allowance=2)
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] == 1 for j in ids)
+
+
+#: Jobs of every outcome, finishing over 100-290 clock seconds: sweeps see each kind of listing.
+OUTCOMES = ("completed", "completed", "completed", "failed", "canceled", "expired")
+
+
+def mixed_jobs(stack: InProcessStack, n: int = 20) -> dict[str, str]:
+    """``n`` jobs of mixed outcomes; job id -> the status Sume will report for it."""
+    outcomes = [OUTCOMES[i % len(OUTCOMES)] for i in range(n)]
+    ids = submit(stack, n, lambda i: {"duration": 100 + 10 * i, "steps": 2, "outcome": outcomes[i]})
+    return dict(zip(ids, outcomes, strict=True))
+
+
+@pytest.mark.parametrize(("name", "mode", "broken"), [
+    ("a list that ignores status=", {"status_filter": "ignored"}, True),
+    ("other terminal statuses on a filtered page", {"status_filter": "loose"}, True),
+    ("items without a status", {"item_status": False}, True),
+    ("ids never submitted here", {"foreign": 3}, False),
+    ("a cursor that repeats", {"cursor_repeat": True}, False),
+    ("5xx on a page", {"faults": ["ok", "503", "ok", "500"]}, False),
+])
+def test_a_list_that_does_not_behave_as_assumed_never_decides_an_outcome(
+        stack: InProcessStack, name: str, mode: dict[str, Any], broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the list route shows, every job is recorded once with the status Sume's own
+    routes report (a list only brings a read forward); a route that does not filter as assumed
+    is marked broken for that status (SweepRouteBroken) and chains keep the normal schedule."""
+    monkeypatch.setattr(sweep, "PAGE_SIZE", 4)  # pages enough for cursors and page faults to matter
+    history = submit(stack, 8, {"duration": 1, "steps": 1})  # the workspace's past: lists page from the start
+    run(stack, history)
+    stack.sim.configure(list={**LIST_CAPABLE, **mode})
+    expected = mixed_jobs(stack)
+    ids = list(expected)
+    stack.fanout()  # counts the pending jobs the sweep's cost rule needs
+    run(stack, ids, timeout=90)
+    check(stack, ids, scenario=f"list route: {name}", expected=expected, allowance=2,
+          notes=f"found by {dict(found_by(stack, ids))}")
+    totals = stack.metric_totals()
+    assert totals["SweepReads"] > 0, totals  # the sweeps did read the list
+    assert (totals["SweepRouteBroken"] > 0) is broken, totals
+    if broken:
+        assert totals["Outcome_stretched"] == 0
+    else:
+        assert totals["SweepIncomplete"] > 0 or mode.get("foreign"), totals

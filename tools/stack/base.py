@@ -34,7 +34,7 @@ from typing import Any, Self, cast
 
 from sume_poller.clock import Clock
 from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
-from sume_poller.store import from_item
+from sume_poller.store import from_item, to_attrs
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRATCH = ROOT / ".scratch" / "stack"
@@ -188,6 +188,10 @@ class JobTable:
     def get(self, job_id: str) -> dict[str, Any] | None:
         reply = self.ddb.get_item(TableName=self.name, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
         return from_item(reply["Item"]) if "Item" in reply else None
+
+    def put(self, record: Mapping[str, Any]) -> None:
+        """Write a record as it is (a test's setup: a state the functions must meet)."""
+        self.ddb.put_item(TableName=self.name, Item=to_attrs(dict(record)))
 
     def batch_get(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         ids = list(dict.fromkeys(job_ids))

@@ -35,6 +35,7 @@ Numbers come back from boto3's deserializer as ``Decimal``; :func:`plain` turns 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import secrets
@@ -45,7 +46,7 @@ from typing import Any, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
-from .aws import client, error_code
+from .aws import AwsError, client, error_code
 from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
@@ -156,18 +157,36 @@ class ResultBucket:
         return {"result_s3_key": key, "result_bytes": len(body), "result_content_type": content_type}
 
     def upload(self, job_id: str, stream: Readable) -> dict[str, Any]:
-        """Stream ``stream`` to S3 in parts (s3transfer's multipart upload, one part in memory at a
-        time, at most ``UPLOAD_STREAMS`` uploads at once per container; a failed upload is aborted);
-        the record fields that point at it."""
-        from boto3.s3.transfer import TransferConfig
-
-        config = TransferConfig(multipart_threshold=UPLOAD_PART_BYTES, multipart_chunksize=UPLOAD_PART_BYTES,
-                                max_concurrency=1, use_threads=False)
+        """Stream ``stream`` to S3, one ``UPLOAD_PART_BYTES`` part in memory at a time, at most
+        ``UPLOAD_STREAMS`` uploads at once per container; the record fields that point at it.
+        Not s3transfer's ``upload_fileobj``: for a stream it cannot seek it holds each part two or
+        three times over (its threshold buffer, the part cut from it, a copy to wrap it)."""
         key = self.attempt_key(job_id)
         with self._streams:
-            self.s3.upload_fileobj(stream, self.bucket, key, Config=config, ExtraArgs={
-                "ContentType": stream.content_type, "Tagging": "=".join(ATTEMPT_TAG)})
+            self._send(key, stream)
         return {"result_s3_key": key, "result_bytes": stream.size, "result_content_type": stream.content_type}
+
+    def _send(self, key: str, stream: Readable) -> None:
+        tagging, part = "=".join(ATTEMPT_TAG), stream.read(UPLOAD_PART_BYTES)
+        if len(part) < UPLOAD_PART_BYTES:  # all of it: one plain PUT
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=part, ContentType=stream.content_type, Tagging=tagging)
+            return
+        upload = self.s3.create_multipart_upload(Bucket=self.bucket, Key=key, ContentType=stream.content_type,
+                                                 Tagging=tagging)["UploadId"]
+        parts: list[dict[str, Any]] = []
+        try:
+            while part:
+                number = len(parts) + 1
+                reply = self.s3.upload_part(Bucket=self.bucket, Key=key, UploadId=upload, PartNumber=number, Body=part)
+                parts.append({"ETag": reply["ETag"], "PartNumber": number})
+                del part  # the only reference: this part is gone before the next is read
+                part = stream.read(UPLOAD_PART_BYTES)
+            self.s3.complete_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload,
+                                              MultipartUpload={"Parts": parts})
+        except BaseException:
+            with contextlib.suppress(*AwsError):  # the bucket's lifecycle rule aborts it otherwise
+                self.s3.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload)
+            raise
 
     def claim(self, key: str) -> None:
         """The record points at this object: it no longer expires (safe to repeat)."""

@@ -115,18 +115,14 @@ class ResultStream:
             parts.append(self._head[:wanted])
             self._head = self._head[wanted:]
             wanted -= len(parts[0])
-        while wanted > 0:
+        if wanted > 0:
             if self._time_left() <= 0:
                 raise StreamTimeout("no time left to read the result")
-            try:
-                piece = self._response.read(min(wanted, 1 << 20))
+            try:  # one read: urllib3 returns ``wanted`` bytes unless the body ends, in one bytes object
+                parts.append(self._response.read(wanted))
             except Urllib3Error as exc:
                 raise StreamTimeout(f"reading the result failed ({type(exc).__name__})") from exc
-            if not piece:
-                break
-            parts.append(piece)
-            wanted -= len(piece)
-        data = b"".join(parts)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         self.size += len(data)
         if self.size > self.max_bytes:
             raise BodyTooLarge(self.size)
@@ -428,8 +424,11 @@ class SumeClient:
             length = _int_header(resp.headers, "Content-Length")
             if resp.status == 200 and length is not None and length > self.result_max_bytes:
                 return Oversized(length, resp.headers.get("X-Request-Id"), rate)
-            head = resp.read(inline_limit + 1 if resp.status == 200 else MAX_BODY + 1)
-            if resp.status == 200 and len(head) > inline_limit:
+            # A body Sume says is large streams from its first byte; without a length, the first
+            # inline_limit + 1 bytes tell (and lead the stream).
+            large = resp.status == 200 and length is not None and length > inline_limit
+            head = b"" if large else resp.read(inline_limit + 1 if resp.status == 200 else MAX_BODY + 1)
+            if large or (resp.status == 200 and len(head) > inline_limit):
                 streaming = True
                 return ResultStream(head, resp, content_type=resp.headers.get("Content-Type") or "application/json",
                                     length=length, max_bytes=self.result_max_bytes,
