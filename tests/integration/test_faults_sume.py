@@ -71,25 +71,6 @@ def test_a_rejected_key_pauses_every_read_then_rotation_resumes(stack: InProcess
     assert refused <= 10  # at most what was in flight: the pause stops every reader
 
 
-@pytest.mark.parametrize("not_ready", [404, 409, 425])
-def test_a_result_ready_minutes_after_completion_is_fetched_whatever_the_route_answers_meanwhile(
-        stack: InProcessStack, not_ready: int) -> None:
-    """Results ready 180 clock seconds after completion. With Sume's gate (status result_ready)
-    the wait reads the status and fetches each result once; without it the wait reads the result
-    route, whose not-ready answer (404, 409 or 425: the contract does not say) is waited out. No
-    job is recorded without its result."""
-    stack.sim.configure(result_not_ready=not_ready)
-    gated = submit(stack, 4, {"duration": 60, "steps": 2, "result_delay": 180})
-    ungated = submit(stack, 3, {"duration": 60, "steps": 2, "result_delay": 180, "hints": False})
-    run(stack, gated + ungated, timeout=90)
-    check(stack, gated + ungated, scenario=f"result ready 180 s after completion, not-ready answer {not_ready}",
-          expected="completed")
-    jobs = stack.sim.stats()["jobs"]
-    assert all(stack.record(j)["result_json"] for j in gated + ungated)  # type: ignore[index]
-    assert all(jobs[j]["result_reads"] == 1 for j in gated)  # the status said when: one result read each
-    assert all(jobs[j]["status_reads_after_terminal"] == 0 for j in ungated)  # the wait read the result route
-
-
 def test_results_of_every_shape_are_stored_whole(stack: InProcessStack) -> None:
     shapes = {"object": {}, "list": {}, "string": {}, "large": {"result_bytes": 250_000}}
     ids = {shape: submit(stack, 1, {"duration": 100, "result_shape": shape, **extra})[0]

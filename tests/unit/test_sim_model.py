@@ -827,3 +827,16 @@ def test_reset_restores_everything() -> None:
 def test_api_keys_from_headers() -> None:
     assert api_keys({"Authorization": "Bearer abc", "X-Api-Key": "def"}) == ("abc", "def")
     assert api_keys({"Authorization": "abc"}) == ()
+
+
+def test_a_job_may_carry_only_some_hints() -> None:
+    """``hint_fields``: the status reply carries only the named hints (Sume documents none)."""
+    from tools.sume_sim.spec import SpecError, parse_spec
+    from tools.sume_sim.timeline import Job
+
+    spec = parse_spec("image", {"duration": 10, "result_delay": 60, "hint_fields": ["terminal", "result_ready"]})
+    job = Job("job_h", "image", spec, created=0.0, not_found_for=0.0, result_url="u")
+    view = job.view(20.0, hints=True, exact=False)
+    assert view["result_ready"] is False and view["terminal"] is True and "next_poll_after_seconds" not in view
+    with pytest.raises(SpecError, match="hint_fields"):
+        parse_spec("image", {"hint_fields": ["eta"]})

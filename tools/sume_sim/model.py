@@ -225,7 +225,7 @@ class Model:
             now = self.clock.now()
             jobs: dict[str, Any] = {
                 job.id: {"status_reads": job.status_reads, "result_reads": job.result_reads,
-                         "min_reads": job.min_reads(self._hints(job)), "status": job.state(now).status,
+                         "min_reads": job.min_reads(self._readiness_shown(job)), "status": job.state(now).status,
                          "status_reads_after_terminal": job.status_reads_after_terminal,
                          "first_read_age": None if job.first_read is None else job.first_read - job.created}
                 for job in self._jobs.values()
@@ -246,7 +246,7 @@ class Model:
                 "id": job.id, "kind": job.kind, "type": job.sume_type, "status": state.status,
                 "terminal": state.terminal, "result_ready": state.result_ready,
                 "status_reads": job.status_reads, "result_reads": job.result_reads,
-                "min_reads": job.min_reads(self._hints(job)),
+                "min_reads": job.min_reads(self._readiness_shown(job)),
                 "status_reads_after_terminal": job.status_reads_after_terminal,
                 "terminal_status": job.spec.outcome,
                 "faults_remaining": list(job.spec.faults[job.fault_cursor:]),
@@ -341,7 +341,8 @@ class Model:
             override = job.take_override()
             view = job.view(read.now, hints=hints, exact=self._config.exact_hints, override=override)
             state = job.state(read.now)
-            if override is None and state.terminal and (not state.success or state.result_ready or not hints):
+            if override is None and state.terminal and (
+                    not state.success or state.result_ready or not self._readiness_shown(job)):
                 job.terminal_served = True  # later status reads are "after terminal"
             return read.answer.json(200, {"job": view}, delay=_slow_ms(fault))
 
@@ -551,6 +552,10 @@ class Model:
     def _hints(self, job: Job) -> bool:
         """Whether the job's status replies carry hints (its own switch, else the config's)."""
         return self._config.hints if job.spec.hints is None else job.spec.hints
+
+    def _readiness_shown(self, job: Job) -> bool:
+        """Whether its status replies say when its result is ready (``result_ready``)."""
+        return self._hints(job) and "result_ready" in job.spec.hint_fields
 
     def _take_list_fault(self) -> str | None:
         """The next list fault of the current list mode, consumed; None for ``ok`` or none left."""

@@ -124,6 +124,10 @@ def check_faults(value: Any, name: str, prefix: str = "sim.", extra: Iterable[st
 # ---------------------------------------------------------------------------- the spec
 
 
+#: The hints a status reply may carry (the design note's; Sume's public docs name none of them).
+HINT_FIELDS = ("terminal", "result_ready", "next_poll_after_seconds")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """Behaviour of one simulated job; times in clock seconds."""
@@ -147,6 +151,8 @@ class JobSpec:
     result_bytes: int = DEFAULT_RESULT_BYTES
     terminal_flag: bool | None = None
     result_not_ready: int | None = None  # None: the config's default
+    #: With hints on, which of them the status reply carries (Sume documents none of the three).
+    hint_fields: tuple[str, ...] = HINT_FIELDS
 
     @property
     def success(self) -> bool:
@@ -170,7 +176,7 @@ SPEC_FIELDS = frozenset(
     {
         "outcome", "duration", "steps", "result_delay", "status_override", "faults", "result_faults",
         "hints", "id_shape", "count", "insufficient_credits", "create_faults", "not_found_for",
-        "forbidden", "result_shape", "result_bytes", "terminal_flag", "result_not_ready",
+        "forbidden", "result_shape", "result_bytes", "terminal_flag", "result_not_ready", "hint_fields",
     }
 )
 
@@ -221,4 +227,13 @@ def parse_spec(kind: str, raw: Any) -> JobSpec:
         terminal_flag=_optional_bool(raw, "terminal_flag"),
         result_not_ready=None if not_ready is None else check_status_choice(
             not_ready, "result_not_ready", RESULT_NOT_READY_STATUSES, "sim."),
+        hint_fields=_hint_fields(raw.get("hint_fields", list(HINT_FIELDS))),
     )
+
+
+def _hint_fields(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise SpecError("sim.hint_fields must be a list of hint names", "hint_fields")
+    for name in value:
+        check_choice(name, "hint_fields", HINT_FIELDS, "sim.")
+    return tuple(value)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tools.sume_sim.spec import ACTIVE_CYCLE, SUME_TYPES, JobSpec
+from tools.sume_sim.spec import ACTIVE_CYCLE, HINT_FIELDS, SUME_TYPES, JobSpec
 
 _EPSILON = 1e-9
 
@@ -178,6 +178,8 @@ class Job:
             view["next_poll_after_seconds"] = hint_value(1.0 if override is not None else remaining, exact)
             if self.spec.terminal_flag is not None:
                 view["terminal"] = self.spec.terminal_flag
+            for name in set(HINT_FIELDS) - set(self.spec.hint_fields):
+                del view[name]
         return view
 
     def list_item(self, now: float, lag: float, full: bool, with_status: bool = True) -> dict[str, Any]:
