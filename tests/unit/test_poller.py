@@ -30,7 +30,7 @@ from sume_poller.coverage import Coverage, is_canary
 from sume_poller.durations import LogNormal
 from sume_poller.lease import new_token
 from sume_poller.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
-from sume_poller.poller import PACED_HOP, Deadline, Outcome, Poller, completion_interval
+from sume_poller.poller import KEY_CHECK_WAIT, PACED_HOP, Deadline, Outcome, Poller, completion_interval
 from sume_poller.redisconn import Breaker
 from sume_poller.settings import PollSettings
 from sume_poller.sume import Listing, Oversized, Result
@@ -341,7 +341,7 @@ def test_the_key_check_takes_its_reads_from_the_budget(rig: Rig) -> None:
     rig.budget.grants = [Grant(True, 0.0), Grant(False, 20.0)]  # the job's read, then no slot free for the check
     out = rig.run(rig.submit("job_f"))
     assert out.name == "transient" and rig.sume.reads("list") == 0  # asked again later, nothing decided
-    assert rig.budget.modes[-1] == "ahead" and rig.budget.patience[-1] == 0.0
+    assert rig.budget.modes[-1] == "ahead" and rig.budget.patience[-1] == KEY_CHECK_WAIT
     assert rig.store.records["job_f"]["status"] == "pending"
     rig.clock.advance(60)
     out = rig.run(rig.next_of(out))

@@ -81,6 +81,9 @@ AFTER_READ_REAL = 3.0
 #: How long a rejected key pauses every read (clock seconds), and how long a key check holds.
 KEY_PAUSE = 300.0
 KEY_CHECK_TTL = 60.0
+#: The farthest read slot (clock seconds) a key check waits for in the invocation; past it the job
+#: asks again later.
+KEY_CHECK_WAIT = 2.0
 #: While Redis is down, a step waiting for its outage-pacer slot comes back at least this often
 #: (clock seconds): once Redis answers again it reads at its own due time, not the pacer's.
 PACED_HOP = 30.0
@@ -504,16 +507,16 @@ class Poller:
         """After a 403 on a job: is it the key (True) or only this job (False)? One read that
         names no job (``GET /jobs?limit=1``), held for a minute; if the list route itself is
         forbidden, a job this container read fine recently decides. No evidence: the key. Each
-        read takes its slot from the budget like any other; None: no slot free now."""
+        read takes its slot from the budget like any other; None: no slot soon enough."""
         now = self.clock.now()
         if now < self._key_ok_until:
             return False
-        if not self._slot_now():
+        if not self._slot_soon(deadline):
             return None
         listing = self.sume.list_jobs(limit=1, budget=deadline.call_budget())
         self._tell_budget(listing.rate)
         if isinstance(listing, Refused) and listing.why == "forbidden" and self._last_ok_job:
-            if not self._slot_now():
+            if not self._slot_soon(deadline):
                 return None
             probe = self.sume.get_status(self._last_ok_job, budget=deadline.call_budget())
             self._tell_budget(probe.rate)
@@ -664,10 +667,18 @@ class Poller:
         self._learn(grant)
         return grant
 
-    def _slot_now(self) -> bool:
-        """A read slot free now for a read outside the job's chain (the key check); none reserved."""
-        grant = self._take_slot("ahead", max_wait=0.0)
-        return grant is None or grant.now
+    def _slot_soon(self, deadline: Deadline) -> bool:
+        """A read slot for a read outside the job's chain (the key check): taken ahead of the line
+        and waited for here when it is at most ``KEY_CHECK_WAIT`` away and the invocation has the
+        time; False (nothing reserved) otherwise."""
+        grant = self._take_slot("ahead", max_wait=KEY_CHECK_WAIT)
+        if grant is None or grant.now:
+            return True
+        wait = self.clock.to_real(grant.wait)
+        if not grant.granted or deadline.left() - wait < MIN_READ_REAL + AFTER_READ_REAL:
+            return False
+        time.sleep(wait)  # a fraction of a second where a slot is this close: cheaper than a re-queue's read
+        return True
 
     def _learn(self, grant: Grant | None) -> None:
         if grant is not None:
