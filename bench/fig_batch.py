@@ -70,7 +70,7 @@ def _processors(svc: Services) -> dict[str, Callable[[dict[str, Any]], dict[str,
 
     from sume_poller import runtime
     from sume_poller.messages import parse_message
-    from sume_poller.poller import Deadline
+    from sume_poller.step import Deadline
 
     runner = runtime.poll_runner()
     poller, queue = runner.poller, runner.queue

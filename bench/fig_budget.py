@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import SCRATCH
-from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to, virtual_poll_settings
+from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to, make_poller, virtual_poll_settings
 from bench.report import Row, target_row
 from sume_poller.clock import Clock
 
@@ -97,12 +97,11 @@ class RunResult:
 
 def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, per_day: int, limiter: bool = True,
         other_share: float = 0.0) -> RunResult:
-    from sume_poller.budget import Budget, LocalPacer
-    from sume_poller.gate import ReadGate
+    from sume_poller.budget import Budget
     from sume_poller.lease import LeaseStore, new_token
     from sume_poller.messages import PollMessage, parse_message
-    from sume_poller.poller import Deadline, Poller
     from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
+    from sume_poller.step import Deadline
     from sume_poller.sume import SumeClient
     from tools.sume_sim import SumeSimulator
 
@@ -121,9 +120,8 @@ def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, pe
         budget = Budget(counting_client(redis_url, budget_calls), f"{prefix}!budget:reads", budget_on.reads_per_minute,
                         budget_on.reads_per_day, clock.now, early=0.5)
         queue = DetachedQueue(clock)
-        poller = Poller(settings, gate=ReadGate(lease, budget, cluster=False), budget=budget,
-                        pacer=LocalPacer(budget.rate, 1, clock.now), sume=SumeClient(sim.base_url, lambda: key),
-                        store=_Unused(), bus=_Unused(), queue=queue)  # type: ignore[arg-type]
+        poller = make_poller(settings, lease=lease, budget=budget, sume=SumeClient(sim.base_url, lambda: key),
+                             store=_Unused(), bus=_Unused(), queue=queue, share=1)
         rate = _rate(per_minute, per_day)
         ids = [sim.seed_job("image", {"duration": 100 * DAY, "hints": False}) for _ in range(jobs)]
         tokens = [new_token() for _ in ids]

@@ -249,9 +249,14 @@ BIG_DELAY_X, BIG_READS = 2.0, 1.3  # targets: p95 detection delay <= 2 sweep int
 class _MemoryStore:
     """The job table in memory, with JobStore's semantics for what the poller and sweeper call."""
 
+    results = None
+
     def __init__(self) -> None:
         self.records: dict[str, dict[str, Any]] = {}
         self.pending = 0
+
+    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+        return {"result_json": "{}", "result_bytes": 2}
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int) -> None:
         self.records[job_id] = {"job_id": job_id, "kind": kind, "profile": kind, "status": "pending",
@@ -274,7 +279,7 @@ class _MemoryStore:
         record.update(status=outcome.status, terminal_at=now, event_pending=True, found_by=outcome.found_by,
                       status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       seen_running_at=outcome.seen_running_at, seen_terminal_at=outcome.seen_terminal_at,
-                      has_result=outcome.has_result)
+                      has_result="result_json" in outcome.result)
         self.pending -= 1
         return TerminalWrite(True, dict(record))
 
@@ -352,16 +357,15 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     import heapq
 
     from bench.fig_budget import START, VirtualClock
-    from bench.harness import DetachedQueue, virtual_poll_settings
-    from sume_poller.budget import Budget, LocalPacer
+    from bench.harness import DetachedQueue, make_poller, virtual_poll_settings
+    from sume_poller.budget import Budget
     from sume_poller.coverage import CoverageStore, CoverageView
-    from sume_poller.gate import ReadGate
     from sume_poller.lease import LeaseStore, new_token
     from sume_poller.messages import PollMessage, parse_message
-    from sume_poller.poller import Deadline, Poller
     from sume_poller.queue import Outgoing, PollQueue
     from sume_poller.redisconn import connect
     from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
+    from sume_poller.step import Deadline
     from sume_poller.sume import SumeClient
     from sume_poller.sweep import Sweeper, SweepSettings
     from sume_poller.webhook import WebhookReceiver
@@ -403,10 +407,9 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
         budget = Budget(client, f"{prefix}!budget:reads", per_minute, per_day, clock.now, early=0.5)
         coverage = CoverageStore(client, prefix)
         sume = SumeClient(sim.base_url, lambda: key)
-        poller = Poller(settings, gate=ReadGate(lease, budget, cluster=False), budget=budget,
-                        pacer=LocalPacer(budget.rate, 1, clock.now), sume=sume, store=store,  # type: ignore[arg-type]
-                        bus=bus, queue=DetachedQueue(clock),  # type: ignore[arg-type]
-                        coverage=CoverageView(coverage, clock.now) if arm.sweeps or hooks else None)
+        poller = make_poller(settings, lease=lease, budget=budget, sume=sume, store=store, bus=bus,
+                             queue=DetachedQueue(clock), share=1,
+                             coverage=CoverageView(coverage, clock.now) if arm.sweeps or hooks else None)
         side_queue = HeapQueue("memory://side", clock, sqs=object())
         receiver = WebhookReceiver(clock, secret=lambda: secret, tolerance=300.0, store=store,  # type: ignore[arg-type]
                                    lease=lease, queue=side_queue, handover_ttl_real=600.0, coverage=coverage)

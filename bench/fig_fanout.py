@@ -59,9 +59,9 @@ def _run(endpoint: Endpoint, ids: list[str], leased: set[str], svc: Services, tr
     from sume_poller.lease import LeaseStore, new_token
     from sume_poller.messages import PollMessage
     from sume_poller.queue import PollQueue
-    from sume_poller.runtime import reads_budget
     from sume_poller.settings import FanOutSettings
     from sume_poller.store import JobStore
+    from sume_poller.wiring import reads_budget
 
     settings = FanOutSettings.from_env(os.environ)
     clock, prefix = settings.common.clock, settings.redis.key_prefix

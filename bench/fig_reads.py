@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.harness import CountingBus, CountingStore, EventSource, MemQueue, NoLease, NoLeaseGate, make_poller
+from bench.harness import CountingBus, CountingStore, EventSource, MemQueue, NoLease, NoLeaseGate, make_poller, pacer_of
 from bench.report import Row
 from bench.services import Services
 
@@ -114,9 +114,9 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
     from sume_poller.budget import Budget, LocalPacer
     from sume_poller.fanout import FanOut
     from sume_poller.lease import LeaseStore
-    from sume_poller.runtime import reads_budget
     from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
     from sume_poller.submit import Submitter
+    from sume_poller.wiring import reads_budget
 
     stack = svc.fresh()
     base = svc.settings()
@@ -126,7 +126,7 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
     clock, prefix, client = settings.common.clock, settings.redis.key_prefix, svc.redis()
     budget = reads_budget(client, prefix, off, settings.common)
     lease: LeaseStore = LeaseStore(client, prefix) if lease_on else NoLease(client, prefix)
-    gate = None if lease_on else NoLeaseGate(lease, budget)  # type: ignore[arg-type]
+    gate = None if lease_on else NoLeaseGate(lease, budget, pacer_of(budget, settings))  # type: ignore[arg-type]
     store = CountingStore(settings.common.jobs_table, settings.jobs.pending_shards)
     bus, queue, sume = CountingBus(settings.event_bus_name), MemQueue(clock), ObservingSume(svc.sume())
 
@@ -139,7 +139,7 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
     submit_settings = dataclasses.replace(SubmitSettings.from_env(os.environ), lease=lease_s, budget=off)
     submitter = Submitter(submit_settings, sume=svc.sume(), store=store, queue=queue, lease=lease,
                           creates=Budget(client, f"{prefix}!budget:creates", 0, 0, clock.now),
-                          pacer=LocalPacer(float("inf"), 1))
+                          pacer=LocalPacer(0, 0, 1))
     svc.sume().get_status("job_bench_warm_up")  # the API key fetched, connections open: cold start is figure 4
     run = uuid.uuid4().hex[:8]
     ids: list[str] = []

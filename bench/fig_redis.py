@@ -68,9 +68,9 @@ def _polls(svc: Services, url: str, ports: list[int], cluster: bool, n: int, tag
     from sume_poller.messages import PollMessage, parse_message
     from sume_poller.poller import Deadline
     from sume_poller.redisconn import connect
-    from sume_poller.runtime import reads_budget
     from sume_poller.settings import RedisSettings
     from sume_poller.store import JobStore
+    from sume_poller.wiring import reads_budget
 
     settings = svc.settings()
     clock, prefix = settings.common.clock, settings.redis.key_prefix
@@ -127,8 +127,8 @@ def _lock_polls(svc: Services, url: str, port: int, n: int) -> _Meter:
     """Baseline: redis-py Lock acquire / budget take / read / extend or release, per poll."""
     import redis
 
-    from sume_poller.runtime import reads_budget
     from sume_poller.sume import Terminal
+    from sume_poller.wiring import reads_budget
 
     settings = svc.settings()
     client = redis.Redis.from_url(url, decode_responses=True)

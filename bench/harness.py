@@ -36,6 +36,7 @@ from typing import Any
 import redis
 
 from sume_poller.budget import Budget, LocalPacer
+from sume_poller.cadence import Cadence
 from sume_poller.events import EventBus
 from sume_poller.gate import Passage, ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step
@@ -219,8 +220,8 @@ class NoLeaseGate(ReadGate):
     """The gate without the lease: every message claims its job (a message without a chain
     token starts a fresh chain); the read budget is taken as the real gate takes it."""
 
-    def __init__(self, lease: NoLease, budget: Budget) -> None:
-        self.lease, self.budget, self.cluster, self._gate = lease, budget, True, None
+    def __init__(self, lease: NoLease, budget: Budget, pacer: LocalPacer) -> None:
+        super().__init__(lease, budget, pacer, cluster=True)
 
     def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
               max_wait: float = math.inf, slot: float = 0.0) -> Passage:
@@ -265,12 +266,20 @@ class CountingBus(EventBus):
             self.events[job_id] += 1
 
 
+def pacer_of(budget: Budget, settings: Any, share: int | None = None) -> LocalPacer:
+    """The outage pacer a container builds for ``budget``."""
+    return LocalPacer(budget.per_minute, budget.per_day, share or settings.budget.max_concurrency,
+                      settings.common.clock.now)
+
+
 def make_poller(settings: Any, *, lease: LeaseStore, budget: Budget, sume: Any, store: Any, bus: Any,
-                queue: PollQueue, gate: ReadGate | None = None, cluster: bool = False, **extra: Any) -> Poller:
-    """The poll function's Poller on these parts (``extra``: models, coverage; none by default)."""
-    return Poller(settings, gate=gate or ReadGate(lease, budget, cluster=cluster), budget=budget,
-                  pacer=LocalPacer(budget.rate, settings.budget.max_concurrency, settings.common.clock.now),
-                  sume=sume, store=store, bus=bus, queue=queue, **extra)
+                queue: PollQueue, gate: ReadGate | None = None, cluster: bool = False, share: int | None = None,
+                models: Any = None, coverage: Any = None) -> Poller:
+    """The poll function's Poller on these parts, wired as :mod:`sume_poller.wiring.poll` wires it
+    (models and sweep coverage: none by default)."""
+    gate = gate or ReadGate(lease, budget, pacer_of(budget, settings, share), cluster=cluster)
+    cadence = Cadence(settings, models=models, coverage=coverage, rate=budget.rate)
+    return Poller(settings, gate=gate, sume=sume, store=store, bus=bus, queue=queue, cadence=cadence)
 
 
 # -- crashes ------------------------------------------------------------------------------------------

@@ -18,11 +18,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sume_poller.budget import Grant, RateInfo
 from sume_poller.clock import Clock
-from sume_poller.gate import Passage
 from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
 from sume_poller.lease import Claim, HandOver, Step, resting_value
 from sume_poller.queue import Outgoing
-from sume_poller.store import Ending, TerminalWrite
+from sume_poller.store import Ending, JobStore, TerminalWrite
 from sume_poller.sume import Listing, Refused, Result, Retryable
 
 
@@ -49,7 +48,7 @@ class FakeLease:
         if self.down:
             raise RedisConnectionError("fake Redis is down")
 
-    def claim(self, job_id: str, step: Step, fresh: Step) -> Claim:
+    def claim(self, job_id: str, step: Step, fresh: Step, ttl_ms: int = 0) -> Claim:
         self._check()
         value = self.values.get(job_id)
         if value is None or value == fresh.claimed:
@@ -122,6 +121,8 @@ class FakeBudget:
         self.key_paused_for: float | None = None
         self.unlimited = False
         self.early = 0.5
+        self.key = "t:budget"
+        self.down = False
         self.per_minute = 120
         self.rate = 2.0
         self.takes = 0
@@ -131,7 +132,12 @@ class FakeBudget:
         self.counts: list[int] = []
         self.lane: tuple[float, float] | None = None
 
+    def clock_to_real(self, seconds: float) -> float:
+        return seconds
+
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
+        if self.down:
+            raise RedisConnectionError("fake Redis is down")
         self.takes += 1
         self.patience.append(max_wait)
         self.modes.append(mode)
@@ -152,19 +158,6 @@ class FakeBudget:
 
     def lane_burst(self, share: float) -> int:
         return 9
-
-
-class FakeGate:
-    def __init__(self, lease: FakeLease, budget: FakeBudget) -> None:
-        self.lease = lease
-        self.budget = budget
-
-    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
-              max_wait: float = math.inf, slot: float = 0.0) -> Passage:
-        claim = self.lease.claim(job_id, step, fresh)
-        if claim is not Claim.OWN or mode == "none":  # a fresh chain takes its slot after its record
-            return Passage(claim)
-        return Passage(claim, self.budget.take(mode, max_wait, slot))
 
 
 class FakePacer:
@@ -260,6 +253,9 @@ class FakeStore:
                       seen_terminal_at=outcome.seen_terminal_at, found_by=outcome.found_by,
                       pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX), **outcome.result)
         return TerminalWrite(True, dict(record))
+
+    #: The real one: it only calls result_fields and results, the fake's own.
+    keep_result = JobStore.keep_result
 
     def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         text = json.dumps(result, separators=(",", ":"))

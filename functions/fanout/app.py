@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sume_poller import runtime
 from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.wiring import fanout as wiring
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = runtime.fanout(context.get_remaining_time_in_millis).run()
+    report = wiring.fanout(context.get_remaining_time_in_millis).run()
     metrics.add_metric(name="FanOutStarted", unit=MetricUnit.Count, value=report.started)
     metrics.add_metric(name="FanOutOutboxSent", unit=MetricUnit.Count, value=report.outbox_sent)
     metrics.add_metric(name="FanOutSendFailed", unit=MetricUnit.Count, value=report.send_failed)

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sume_poller import runtime
 from sume_poller.batch import emit_metrics
 from sume_poller.observability import logger, metrics, traced
+from sume_poller.wiring import poll as wiring
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = runtime.poll_runner().run(event, context.get_remaining_time_in_millis)
+    report = wiring.runner().run(event, context.get_remaining_time_in_millis)
     emit_metrics(report)
     return report.response()

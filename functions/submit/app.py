@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sume_poller import runtime
 from sume_poller.observability import MetricUnit, logger, metrics, traced
 from sume_poller.submit import CreateBudgetExhausted
+from sume_poller.wiring import submit as wiring
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
@@ -15,7 +15,7 @@ from sume_poller.submit import CreateBudgetExhausted
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     try:
-        reply = runtime.submitter().handle(event, context.get_remaining_time_in_millis)
+        reply = wiring.submitter().handle(event, context.get_remaining_time_in_millis)
     except CreateBudgetExhausted:
         metrics.add_metric(name="CreateBudgetExhausted", unit=MetricUnit.Count, value=1)
         raise

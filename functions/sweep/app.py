@@ -9,15 +9,15 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import single_metric
 
-from sume_poller import runtime
 from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.wiring import sweep as wiring
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = runtime.sweeper(context.get_remaining_time_in_millis).run()
+    report = wiring.sweeper(context.get_remaining_time_in_millis).run()
     # Every tick emits every sweep metric (zeros when it skipped), so an alarm on them sees data
     # points, not gaps, and a skipped sweep reads as "nothing wrong" rather than "no data".
     for name, value in (("SweepReads", report.reads), ("SweepHandedOver", report.handed_over),

@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sume_poller import runtime
 from sume_poller.observability import MetricUnit, logger, metrics, traced
 from sume_poller.webhook import raw_body
+from sume_poller.wiring import webhook as wiring
 
 
 @metrics.log_metrics(capture_cold_start_metric=True)
 @logger.inject_lambda_context(clear_state=True)
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    answer = runtime.webhook_receiver().handle(event.get("headers") or {}, raw_body(event))
+    answer = wiring.receiver().handle(event.get("headers") or {}, raw_body(event))
     metrics.add_metric(name=f"Webhook_{answer.status}", unit=MetricUnit.Count, value=1)
     return {"statusCode": answer.status, "headers": {"Content-Type": "application/json"},
             "body": json.dumps(answer.body)}

@@ -292,7 +292,7 @@ def test_the_gate_claims_and_takes_in_one_script_and_skips_the_take_when_the_cla
         rdb: redis.Redis, clock: VirtualClock) -> None:
     lease = LeaseStore(rdb, "t:lease:")
     b = budget(rdb, clock, per_minute=120)
-    gate = ReadGate(lease, b, cluster=False)
+    gate = ReadGate(lease, b, LocalPacer(0, 0, 1), cluster=False)
     token = new_token()
     lease.start("job_g", token, 60_000)
     step = Step(token, 0, new_nonce())

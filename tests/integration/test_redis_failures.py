@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from sume_poller.budget import Budget
+from sume_poller.budget import Budget, LocalPacer
 from sume_poller.coverage import FOUND_MAX, FOUND_MAX_AGE, CoverageStore
 from sume_poller.gate import ReadGate
 from sume_poller.jobs import KINDS
@@ -35,7 +35,7 @@ NOW = 1_800_000_000.0
 def parts(client: object, mode: str = "standalone") -> tuple[LeaseStore, Budget, ReadGate]:
     lease = LeaseStore(client, "sume:poll:")
     budget = Budget(client, "sume:poll:!budget:reads", 120, 10_000, lambda: NOW)
-    return lease, budget, ReadGate(lease, budget, cluster=mode == "cluster")
+    return lease, budget, ReadGate(lease, budget, LocalPacer(0, 0, 1), cluster=mode == "cluster")
 
 
 def settings(url: str, mode: str = "standalone") -> RedisSettings:

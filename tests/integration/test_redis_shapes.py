@@ -12,7 +12,7 @@ import pytest
 import redis
 from redis.exceptions import RedisError
 
-from sume_poller.budget import Budget
+from sume_poller.budget import Budget, LocalPacer
 from sume_poller.gate import ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
 from sume_poller.redisconn import connect, reconnect
@@ -104,7 +104,7 @@ def test_the_lease_budget_and_gate_run_unchanged_in_cluster_mode(cluster: RedisC
     lease = LeaseStore(client, "c:lease:")
     now = [1_800_000_000.0]
     budget = Budget(client, "c:lease:!budget:reads", 120, 10_000, lambda: now[0], early=0.0)
-    gate = ReadGate(lease, budget, cluster=True)
+    gate = ReadGate(lease, budget, LocalPacer(0, 0, 1), cluster=True)
     jobs = [f"job_{i}" for i in range(30)]
     tokens = {j: new_token() for j in jobs}
     assert all(lease.start_many(list(tokens.items()), TTL))  # a cluster pipeline over every master

@@ -6,6 +6,7 @@ a result over the maximum is recorded completed with ``result_too_large`` and it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -21,6 +22,7 @@ from sume_poller import runtime
 from sume_poller.aws import client
 from sume_poller.lease import new_token
 from sume_poller.messages import PollMessage
+from sume_poller.settings import PollSettings
 from sume_poller.store import UPLOAD_PART_BYTES, UPLOAD_STREAMS
 from tools.template import Provisioned
 
@@ -75,7 +77,7 @@ def batch(job_ids: list[str]) -> dict[str, object]:
     from sume_poller.store import JobStore
 
     store, records = JobStore("jobs", 4), []
-    lease = runtime.redis_client(runtime.PollSettings.from_env(__import__("os").environ).redis)
+    lease = runtime.redis_client(PollSettings.from_env(os.environ).redis)
     for n, job_id in enumerate(job_ids):
         store.put_pending(job_id, "video", now=1.0, deadline_at=4_102_444_800)
         token = new_token()

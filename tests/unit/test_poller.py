@@ -13,7 +13,6 @@ from fakes import (
     FakeBudget,
     FakeBus,
     FakeClock,
-    FakeGate,
     FakeLease,
     FakePacer,
     FakeQueue,
@@ -26,13 +25,18 @@ from fakes import (
 )
 
 from sume_poller.budget import Grant, RateInfo
+from sume_poller.cadence import Cadence
 from sume_poller.coverage import Coverage, is_canary
 from sume_poller.durations import LogNormal
+from sume_poller.gate import ReadGate
+from sume_poller.keycheck import KEY_CHECK_WAIT
 from sume_poller.lease import new_token
 from sume_poller.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
-from sume_poller.poller import KEY_CHECK_WAIT, PACED_HOP, Deadline, Outcome, Poller, completion_interval
+from sume_poller.outbox import completion_interval
+from sume_poller.poller import Poller
 from sume_poller.redisconn import Breaker
 from sume_poller.settings import PollSettings
+from sume_poller.step import PACED_HOP, Deadline, Outcome
 from sume_poller.sume import Listing, Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
@@ -54,10 +58,10 @@ class Rig:
     def __post_init__(self) -> None:
         settings = PollSettings.from_env(ENV)
         settings = replace(settings, common=replace(settings.common, clock=self.clock))
-        self.poller = Poller(settings, gate=FakeGate(self.lease, self.budget), budget=self.budget,  # type: ignore[arg-type]
-                             pacer=self.pacer, sume=self.sume, store=self.store, bus=self.bus,  # type: ignore[arg-type]
-                             queue=self.queue, rng=random.Random(7),  # type: ignore[arg-type]
-                             breaker=Breaker(open_for=0.0))
+        gate = ReadGate(self.lease, self.budget, self.pacer, cluster=True,  # type: ignore[arg-type]
+                        breaker=Breaker(open_for=0.0))
+        self.poller = Poller(settings, gate=gate, sume=self.sume, store=self.store, bus=self.bus,  # type: ignore[arg-type]
+                             queue=self.queue, cadence=Cadence(settings, rng=random.Random(7)))  # type: ignore[arg-type]
 
     def submit(self, job_id: str = "job_a", kind: str = "image") -> PollMessage:
         """Record a job and start its chain, as submit does; the first message, due now."""
@@ -434,8 +438,8 @@ def test_under_a_binding_budget_a_job_unlikely_to_be_done_lets_others_read_first
     """With a learned model a young video accepts only a near slot; refused a far one it comes back
     when its chance of being done has grown. Past the max-gap backstop it takes any slot."""
     model = LogNormal(math.log(360.0), 0.6)
-    rig.poller.models = lambda profile, kind: model
-    rig.poller.s = replace(rig.poller.s, schedule=replace(rig.poller.s.schedule, learned=True))
+    rig.poller.cadence.models = lambda profile, kind: model
+    rig.poller.cadence.s = replace(rig.poller.s, schedule=replace(rig.poller.s.schedule, learned=True))
     rig.sume.status["job_v"] = [status("running")]
     msg = rig.submit("job_v", "video").next(seen_running_at=rig.clock.now())
     rig.clock.advance(30)
@@ -462,7 +466,7 @@ class FixedCoverage:
 def test_chains_stretch_only_where_sweeps_proved_coverage_and_come_back_when_it_lapses(rig: Rig) -> None:
     now = rig.clock.now()
     covered = Coverage(healthy_until=now + 3_600, covered=frozenset({"image"}), route="ok")
-    rig.poller.coverage = FixedCoverage(covered)  # type: ignore[assignment]
+    rig.poller.cadence.coverage = FixedCoverage(covered)  # type: ignore[assignment]
     rig.sume.status["job_a"] = [status("running"), status("running")]
     safety, check = rig.poller.s.discovery.safety, rig.poller.s.discovery.check
     first = rig.run(rig.submit("job_a"))  # covered from the start: even the first read waits
@@ -476,20 +480,20 @@ def test_chains_stretch_only_where_sweeps_proved_coverage_and_come_back_when_it_
     assert out.name == "stretched" and out.status_reads == 1 and nxt.due_at >= rig.clock.t + safety
     assert nxt.normal_due is not None and nxt.normal_due < rig.clock.t + 60
     assert out.send is not None and out.send.delay <= check
-    rig.poller.coverage = FixedCoverage(Coverage())  # sweeps stopped proving anything
+    rig.poller.cadence.coverage = FixedCoverage(Coverage())  # sweeps stopped proving anything
     rig.clock.t = nxt.normal_due + 1
     assert rig.run(nxt).name == "requeued"  # read at its normal time, no longer stretched
-    rig.poller.coverage = FixedCoverage(covered)
+    rig.poller.cadence.coverage = FixedCoverage(covered)
     rig.sume.status["job_v"] = [status("running")]
     assert rig.run(rig.submit("job_v", "video")).name == "requeued"  # video was never proven
-    rig.poller.coverage = FixedCoverage(Coverage())
+    rig.poller.cadence.coverage = FixedCoverage(Coverage())
     rig.sume.status["job_b"] = [status("running")]
     lapsed = rig.run(rig.submit("job_b"))  # not covered: the first read at its normal time
     assert lapsed.name == "requeued" and lapsed.status_reads == 1
 
 
 def test_a_webhook_hand_over_reads_now_even_where_chains_are_stretched(rig: Rig) -> None:
-    rig.poller.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
+    rig.poller.cadence.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
                                                  covered=frozenset({"image"}), route="ok"))
     rig.sume.status["job_w"] = [status("running")]
     handed = rig.submit("job_w").next(found_by="webhook", due_at=rig.clock.now())
@@ -499,7 +503,7 @@ def test_a_webhook_hand_over_reads_now_even_where_chains_are_stretched(rig: Rig)
 
 def test_a_canary_stays_on_the_normal_schedule_to_keep_measuring_coverage(rig: Rig) -> None:
     canary = next(f"job_c{i}" for i in range(1_000) if is_canary(f"job_c{i}"))
-    rig.poller.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
+    rig.poller.cadence.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
                                                  covered=frozenset({"image"}), route="ok"))
     rig.sume.status[canary] = [status("running")]
     assert rig.run(rig.submit(canary)).name == "requeued"

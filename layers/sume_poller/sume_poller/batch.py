@@ -30,8 +30,9 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSEvent, SQS
 
 from .messages import MessageError, parse_message
 from .observability import MetricUnit, logger, metrics
-from .poller import Deadline, Outcome, Poller
+from .poller import Poller
 from .queue import Outgoing, PollQueue
+from .step import Deadline, Outcome
 
 WORKERS = 10
 

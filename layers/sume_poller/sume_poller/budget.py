@@ -49,6 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .redisconn import lua_locals, script_args
+
 #: List reads the sweeps' lane grants at once beyond the first (a sweep's pages).
 LANE_BURST = 8
 
@@ -232,9 +234,12 @@ redis.call('PEXPIRE', key, 172800000)
 return 1
 """
 
-TAKE_LUA = BUDGET_LUA + """
-return budget_take(KEYS[1], tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
-                   ARGV[5], ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8]))
+#: A take's arguments (``budget_take``'s parameters after the key; the take script's ARGV).
+TAKE_ARGS = ("now_ms", "mode", "max_wait_ms", "early_ms", "per_minute", "per_day", "slot_ms", "count")
+
+TAKE_LUA = BUDGET_LUA + lua_locals(TAKE_ARGS) + """
+return budget_take(KEYS[1], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms), per_minute,
+                   per_day, tonumber(slot_ms), tonumber(count))
 """
 
 
@@ -325,8 +330,9 @@ class Budget:
     """One budget (reads or creates) in a Redis hash, in clock time."""
 
     def __init__(self, client: Any, key: str, per_minute: int, per_day: int,
-                 now: Callable[[], float], early: float = 0.5) -> None:
+                 now: Callable[[], float], early: float = 0.5, real_per_clock: float = 1.0) -> None:
         self._r = client
+        self.real_per_clock = real_per_clock
         self.key = key
         self.per_minute = per_minute
         self.per_day = per_day
@@ -335,6 +341,10 @@ class Budget:
         self.early = early
         self._take = client.register_script(TAKE_LUA)
         self._feedback = client.register_script(FEEDBACK_LUA)
+
+    def clock_to_real(self, seconds: float) -> float:
+        """Real seconds that ``seconds`` of the limiter's clock take."""
+        return seconds * self.real_per_clock
 
     @property
     def unlimited(self) -> bool:
@@ -347,12 +357,13 @@ class Budget:
         rates = [granted_per_window(n) / span for n, span in ((self.per_minute, 60), (self.per_day, 86_400)) if n > 0]
         return min(rates) if rates else math.inf
 
-    def take_args(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0,
-                  count: int = 1) -> list[Any]:
-        """ARGV for the ``budget_take`` Lua function (also used inside the claim script)."""
-        wait_ms = -1 if math.isinf(max_wait) else int(max_wait * 1000)
-        return [int(self._now() * 1000), mode, wait_ms, int(self.early * 1000),
-                self.per_minute, self.per_day, int(slot * 1000), count]
+    def take_values(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0,
+                    count: int = 1) -> dict[str, Any]:
+        """A take's arguments by name (:data:`TAKE_ARGS`; the gate's script takes them too)."""
+        return {"now_ms": int(self._now() * 1000), "mode": mode,
+                "max_wait_ms": -1 if math.isinf(max_wait) else int(max_wait * 1000),
+                "early_ms": int(self.early * 1000), "per_minute": self.per_minute, "per_day": self.per_day,
+                "slot_ms": int(slot * 1000), "count": count}
 
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         """Reserve the next slot (``mode``: "take", "confirm" a status read's slot at ``slot``,
@@ -361,7 +372,8 @@ class Budget:
         reserving nothing) - or ``count`` slots at once (a sweep's pages). One round trip."""
         if self.unlimited:
             return Grant(True, 0.0)
-        return Grant.from_reply(self._take(keys=[self.key], args=self.take_args(mode, max_wait, slot, count)))
+        return Grant.from_reply(self._take(keys=[self.key],
+                                           args=script_args(TAKE_ARGS, self.take_values(mode, max_wait, slot, count))))
 
     def feedback(self, info: RateInfo) -> None:
         """Tell the limiter what Sume's reply said (one round trip)."""

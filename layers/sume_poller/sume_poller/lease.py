@@ -43,8 +43,14 @@ from typing import Any, NamedTuple
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
-#: Lua: claim step (T, n). ARGV: resting, claimed, token, seq, fresh claimed value, ttl ms.
-#: Returns 1 (claimed, own chain), 2 (lease was free: claimed as the fresh chain), 0 (held).
+from .redisconn import lua_locals, script_args
+
+#: The claim's arguments (``lease_claim``'s parameters, the claim script's ARGV).
+CLAIM_ARGS = ("resting", "claimed", "token", "seq", "fresh", "ttl_ms")
+
+#: Lua: claim step (T, n): its resting and claimed values, its token and seq, the fresh chain's
+#: claimed value, the TTL. Returns 1 (claimed, own chain), 2 (lease was free: claimed as the
+#: fresh chain), 0 (held).
 CLAIM_LUA = """
 local function lease_claim(key, resting, claimed, token, seq, fresh, ttl)
   local v = redis.call('GET', key)
@@ -161,8 +167,10 @@ class Step:
     def next_resting(self) -> str:
         return f"{self.token}:{self.seq + 1}"
 
-    def claim_args(self, fresh: Step, ttl_ms: int) -> list[Any]:
-        return [self.resting, self.claimed, self.token, self.seq, fresh.claimed, ttl_ms]
+    def claim_values(self, fresh: Step, ttl_ms: int) -> dict[str, Any]:
+        """The claim's arguments by name (:data:`CLAIM_ARGS`)."""
+        return {"resting": self.resting, "claimed": self.claimed, "token": self.token, "seq": self.seq,
+                "fresh": fresh.claimed, "ttl_ms": ttl_ms}
 
 
 class HandOver(NamedTuple):
@@ -189,8 +197,8 @@ class LeaseStore:
     def __init__(self, client: Any, prefix: str = "sume:poll:") -> None:
         self.client = client
         self.prefix = prefix
-        self._claim = client.register_script(CLAIM_LUA + "return lease_claim(KEYS[1], ARGV[1], ARGV[2], "
-                                             "ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6])")
+        self._claim = client.register_script(CLAIM_LUA + lua_locals(CLAIM_ARGS) + (
+            "return lease_claim(KEYS[1], resting, claimed, token, tonumber(seq), fresh, ttl_ms)"))
         self._start = client.register_script(START_LUA)
         self._rest = client.register_script(REST_LUA)
         self._release = client.register_script(RELEASE_LUA)
@@ -201,7 +209,8 @@ class LeaseStore:
 
     def claim(self, job_id: str, step: Step, fresh: Step, ttl_ms: int) -> Claim:
         """Claim ``step`` (or, if the lease is free, ``fresh``: a new chain's step 0)."""
-        return Claim(int(self._claim(keys=[self.key(job_id)], args=step.claim_args(fresh, ttl_ms))))
+        return Claim(int(self._claim(keys=[self.key(job_id)], args=script_args(CLAIM_ARGS, step.claim_values(fresh,
+                                                                                                     ttl_ms)))))
 
     def start(self, job_id: str, token: str, ttl_ms: int) -> bool:
         """A new chain takes the free lease as ``token:0``; False if a chain holds the job."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis
@@ -119,6 +119,18 @@ class LazyCluster:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.client(), name)
+
+
+def lua_locals(names: tuple[str, ...], offset: int = 0) -> str:
+    """Lua that names a script's arguments: ``local <name> = ARGV[<offset + i>]`` for each (Lua
+    counts from 1). Scripts and their callers share one tuple of names (:func:`script_args`), so
+    no argument is ever addressed by a bare position."""
+    return "".join(f"local {name} = ARGV[{offset + i + 1}]\n" for i, name in enumerate(names))
+
+
+def script_args(names: tuple[str, ...], values: Mapping[str, Any]) -> list[Any]:
+    """A script's ARGV from named values, in the order of ``names``."""
+    return [values[name] for name in names]
 
 
 def connect(settings: RedisSettings) -> Any:

@@ -48,6 +48,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from .aws import AwsError, client, error_code
 from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
+from .observability import logger
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
 INLINE_RESULT_BYTES = 100_000
@@ -234,6 +235,26 @@ class JobStore:
             UpdateExpression="SET " + ", ".join(f"#a{i} = :v{i}" for i in range(len(present))),
             ConditionExpression="begins_with(pending_shard, :p)",
             ExpressionAttributeNames=names, ExpressionAttributeValues=attrs, ReturnValues="ALL_NEW")
+
+    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+        """The record fields of a fetched result (:mod:`sume_poller.sume`'s ``Result``,
+        ``ResultStream`` or ``Oversized``): inline or in S3 (:meth:`result_fields`), streamed to S3
+        (:meth:`ResultBucket.upload`), or - past ``max_bytes`` - its size and error
+        ``result_too_large``, never stored."""
+        from .sume import BodyTooLarge, Oversized, Result
+
+        if isinstance(reply, Result):
+            return self.result_fields(job_id, reply.payload)
+        size = reply.size if isinstance(reply, Oversized) else (reply.length or max_bytes + 1)
+        if not isinstance(reply, Oversized) and self.results is not None:
+            with reply:
+                try:
+                    return self.results.upload(job_id, reply)
+                except BodyTooLarge as exc:
+                    size = exc.size
+        logger.error("result larger than the maximum; recorded without it", extra={"bytes": size, "max": max_bytes})
+        return {"result_bytes": size, "error": {"code": "result_too_large",
+                                                "message": f"the result has {size} bytes or more (max {max_bytes})"}}
 
     def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         """The record fields of a parsed result: inline up to ``INLINE_RESULT_BYTES``, else its
