@@ -100,12 +100,10 @@ def built() -> tuple[Path, str]:
 
 def _environment(build: Path) -> tuple[list[str], dict[str, str]]:
     from tools.local_invoke import _python_paths, prepare_environment
-    from tools.template import Resolver, function_spec, load_template
+    from tools.template import resolve
 
-    template = load_template(build / "template.yaml")
-    resolver = Resolver(template, parameters={"SumeBaseUrl": "http://127.0.0.1:9/api/v1", "LocalEndpoints": "true",
-                                              "RedisUrl": "redis://127.0.0.1:9/0"}, region="us-east-1")
-    spec = function_spec(template, "PollFunction", resolver)
+    spec = resolve({"SumeBaseUrl": "http://127.0.0.1:9/api/v1", "LocalEndpoints": "true",
+                    "RedisUrl": "redis://127.0.0.1:9/0"}, build / "template.yaml").functions["PollFunction"]
     env = prepare_environment(spec, base={"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"),
                                           "LANG": "C.UTF-8"})
     env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",

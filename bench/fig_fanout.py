@@ -146,14 +146,14 @@ def _throughput_row(endpoint: Endpoint, result: dict[str, Any]) -> Row:
 
 
 def _ministack(stack: ExitStack) -> Endpoint:
-    """A ministack server of our own with the template's table and queues provisioned."""
+    """A ministack server of our own with the template created in it (its CloudFormation)."""
     from tools.stack.deployed import MinistackServer
-    from tools.template import Resolver, load_template, provision
+    from tools.template import aws_clients, create_stack, load, translate
 
     server = stack.enter_context(MinistackServer())
-    template = load_template()
-    resolver = Resolver(template, parameters={"RedisUrl": "redis://127.0.0.1:6379/0"}, region="us-east-1")
-    return Endpoint("ministack", server.endpoint_url, provision(template, resolver, server.endpoint_url)["JobsTable"])
+    parameters = {"RedisUrl": "redis://127.0.0.1:6379/0"}
+    created = create_stack(aws_clients(server.endpoint_url), translate(load(), parameters), parameters)
+    return Endpoint("ministack", server.endpoint_url, created["JobsTable"])
 
 
 def measure(svc: Services, n: int = 500, k: int = 100, trials: int = 3, seed: int = 7) -> list[Row]:

@@ -5,8 +5,9 @@ Usage::
     python -m tools.local_invoke PollFunction -e events/poll.json \\
         [--env-vars env.json] [--parameter-overrides K=V ...] [--template template.yaml]
 
-The function is resolved from the template (Globals merged, intrinsics evaluated by
-:mod:`tools.template`) and its handler runs in a fresh Python process (like sam's fresh
+The function is resolved from the template as the in-process stack resolves it
+(:func:`tools.template.resolve`: the SAM transform, then CreateStack in moto's in-memory mock; a
+Ref to a resource gives the name moto made for it) and its handler runs in a fresh Python process (like sam's fresh
 container) with the current interpreter: ``sys.path`` starts with the function's code dir and its
 layers' dirs, the environment is the parent's plus the function's variables (which win) plus the
 variables Lambda sets, and the context counts down from the function's Timeout. The handler's
@@ -25,6 +26,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import decimal
+import fcntl
 import importlib
 import json
 import os
@@ -41,7 +43,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from tools.template import FunctionSpec
+    from tools.template import Function as FunctionSpec
 
 __all__ = [
     "TIMEOUT_EXIT_CODE",
@@ -455,6 +457,34 @@ def parse_parameter_overrides(items: Sequence[str]) -> dict[str, str]:
     return result
 
 
+def _functions(template: Path, overrides: dict[str, str], region: str) -> dict[str, FunctionSpec]:
+    """The template's functions as :func:`tools.template.resolve` makes them, kept in
+    ``.scratch/invoke`` by the template's and this tooling's text, the overrides and the region:
+    moto's CloudFormation takes seconds to import, and `make invoke` is run again and again."""
+    import hashlib
+
+    from tools import template as tooling
+
+    texts = [template.read_text(), Path(tooling.__file__).read_text()]
+    key = hashlib.sha256(json.dumps([*texts, sorted(overrides.items()), region]).encode()).hexdigest()[:32]
+    cache = tooling.ROOT / ".scratch" / "invoke" / f"{key}.json"
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    base = template.resolve().parent  # paths are kept relative to the template's directory
+    with open(cache.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent invocations: one resolves, the others read it
+        if not cache.exists():
+            functions = tooling.resolve(overrides, template, region).functions
+            resolved = {lid: dataclasses.asdict(f) for lid, f in functions.items()}
+            for f in resolved.values():
+                f["code_dir"], f["layer_dirs"] = (os.path.relpath(f["code_dir"], base),
+                                                  [os.path.relpath(d, base) for d in f["layer_dirs"]])
+            cache.write_text(json.dumps(resolved))
+        saved = json.loads(cache.read_text())
+    return {lid: tooling.Function(**{**f, "code_dir": (base / f["code_dir"]).resolve(),
+                                     "layer_dirs": [(base / d).resolve() for d in f["layer_dirs"]]})
+            for lid, f in saved.items()}
+
+
 def _read_event(source: str | None) -> Any:
     if source is None:
         return {}
@@ -491,29 +521,24 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (the handler process's)."""
-    from tools.template import Resolver, function_spec, functions, load_template
-
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
-        template = load_template(args.template)
-        names = functions(template)
+        region = args.region or _region(os.environ)
+        functions = _functions(Path(args.template), parse_parameter_overrides(args.parameter_overrides), region)
         function = args.function
         if function is None:
-            if len(names) != 1:
-                parser.error(f"name the function to invoke, one of: {', '.join(names)}")
-            function = names[0]
-        if function not in names:
-            parser.error(f"{function!r} is not a function of {args.template}: {', '.join(names)}")
-        region = args.region or _region(os.environ)
-        overrides = parse_parameter_overrides(args.parameter_overrides)
-        resolver = Resolver(template, parameters=overrides, region=region)
-        spec = function_spec(template, function, resolver)
+            if len(functions) != 1:
+                parser.error(f"name the function to invoke, one of: {', '.join(functions)}")
+            function = next(iter(functions))
+        if function not in functions:
+            parser.error(f"{function!r} is not a function of {args.template}: {', '.join(functions)}")
+        spec = functions[function]
         if args.env_vars:
             env_vars = json.loads(Path(args.env_vars).read_text(encoding="utf-8"))
             spec = apply_env_vars(spec, env_vars, warn=sys.stderr)
         event = _read_event(args.event)
-    except (OSError, ValueError, KeyError) as error:
+    except Exception as error:  # a template or parameter moto's CloudFormation refuses, a missing file
         print(f"local_invoke: {error}", file=sys.stderr)
         return 2
     extra_env = {"AWS_REGION": region, "AWS_DEFAULT_REGION": region} if args.region else None

@@ -2,8 +2,9 @@
 status with exactly one event each, and every custom-metric alarm watches a metric the deployed
 functions really emit.
 
-Expected values come from the template itself, resolved with the parameters the stack was
-deployed with, so these tests follow the template rather than restate it.
+Expected values come from the template itself, created with the parameters the stack was deployed
+with in moto's CloudFormation (tools.template.resolve), so these tests follow the template rather
+than restate it: two CloudFormation implementations must agree.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from tools import ops
 from tools.stack.deployed import DeployedStack
-from tools.template import Resolver, function_spec, load_template
+from tools.template import Created, resolve
 
 pytestmark = pytest.mark.e2e
 
@@ -27,26 +28,21 @@ OUTCOMES = ("completed", "failed", "canceled", "expired")
 
 
 @pytest.fixture(scope="module")
-def template() -> Any:
-    return load_template("template.yaml")
+def expected(deployed_stack: DeployedStack) -> Created:
+    """The template with the deployed stack's parameters, created in moto's CloudFormation."""
+    return resolve(deployed_stack.parameters)
 
 
-@pytest.fixture(scope="module")
-def resolver(template: Any, deployed_stack: DeployedStack) -> Resolver:
-    return Resolver(template, parameters=deployed_stack.parameters, region="us-east-1")
+def resources_of(expected: Created, resource_type: str) -> dict[str, dict[str, Any]]:
+    """Logical id -> resolved properties, for the resources of a type whose Condition holds."""
+    return {lid: expected.properties[lid] for lid in expected.of_type(resource_type)}
 
 
-def resources_of(template: Any, resolver: Resolver, resource_type: str) -> dict[str, Any]:
-    """Logical id -> resource, for the resources of a type whose Condition holds."""
-    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == resource_type
-            and (not r.get("Condition") or resolver.condition(r["Condition"]))}
-
-
-def prop(resolver: Resolver, resource: dict[str, Any], *path: str) -> Any:
-    value: Any = resource["Properties"]
+def prop(expected: Created, logical_id: str, *path: str) -> Any:
+    value: Any = expected.properties[logical_id]
     for key in path:
         value = value[key]
-    return resolver.resolve(value, ".".join(path))
+    return value
 
 
 def submit(stack: DeployedStack, sim: dict[str, Any], kind: str = "image") -> str:
@@ -57,11 +53,10 @@ def submit(stack: DeployedStack, sim: dict[str, Any], kind: str = "image") -> st
     return str(job_id)
 
 
-def alarm_metrics(template: Any, resolver: Resolver) -> dict[str, set[str]]:
+def alarm_metrics(expected: Created) -> dict[str, set[str]]:
     """Alarm logical id -> the SumePoller metrics (service=sume-poller) it watches, metric math included."""
     watched: dict[str, set[str]] = {}
-    for lid, alarm in resources_of(template, resolver, "AWS::CloudWatch::Alarm").items():
-        props = resolver.resolve(alarm["Properties"], lid)
+    for lid, props in resources_of(expected, "AWS::CloudWatch::Alarm").items():
         metrics = [props] + [(m.get("MetricStat") or {}).get("Metric", {}) for m in props.get("Metrics", [])]
         names = {m["MetricName"] for m in metrics if m.get("Namespace") == NAMESPACE}
         for m in metrics:
@@ -75,12 +70,11 @@ def alarm_metrics(template: Any, resolver: Resolver) -> dict[str, set[str]]:
 # -- wiring -------------------------------------------------------------------------------------------
 
 def test_functions_layer_and_event_source_are_deployed_as_the_template_says(
-        deployed_stack: DeployedStack, template: Any, resolver: Resolver) -> None:
+        deployed_stack: DeployedStack, expected: Created) -> None:
     lam = deployed_stack.client("lambda")
-    functions = resources_of(template, resolver, "AWS::Serverless::Function")
+    functions = expected.functions
     assert set(deployed_stack.functions) == set(functions)
-    for lid in functions:
-        spec = function_spec(template, lid, resolver)
+    for lid, spec in functions.items():
         config = lam.get_function_configuration(FunctionName=deployed_stack.functions[lid])
         assert (config["Runtime"], config["Handler"], config["Timeout"], config["MemorySize"]) == (
             spec.runtime, spec.handler, spec.timeout, spec.memory), lid
@@ -94,7 +88,7 @@ def test_functions_layer_and_event_source_are_deployed_as_the_template_says(
 
     poll_queue_arn = deployed_stack.client("sqs").get_queue_attributes(
         QueueUrl=deployed_stack.queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    event = prop(resolver, functions["PollFunction"], "Events", "PollQueue", "Properties")
+    event = prop(expected, "PollFunctionPollQueue")  # SAM's event source mapping of the poll function
     (mapping,) = lam.list_event_source_mappings(FunctionName=deployed_stack.functions["PollFunction"])[
         "EventSourceMappings"]
     assert mapping["EventSourceArn"] == poll_queue_arn
@@ -105,46 +99,39 @@ def test_functions_layer_and_event_source_are_deployed_as_the_template_says(
 
 
 def test_schedules_queues_table_bucket_and_alarms_are_deployed(
-        deployed_stack: DeployedStack, template: Any, resolver: Resolver) -> None:
+        deployed_stack: DeployedStack, expected: Created) -> None:
     c = deployed_stack.client
     for lid in deployed_stack.schedules:
         arn = c("lambda").get_function_configuration(FunctionName=deployed_stack.functions[lid])["FunctionArn"]
         (rule,) = c("events").list_rule_names_by_target(TargetArn=arn)["RuleNames"]
         described = c("events").describe_rule(Name=rule)
-        events = prop(resolver, template["Resources"][lid], "Events").values()
-        (expected,) = [e["Properties"]["Schedule"] for e in events if e["Type"] == "Schedule"]
-        assert (described["ScheduleExpression"], described["State"]) == (expected, "ENABLED"), lid
+        assert (described["ScheduleExpression"], described["State"]) == (expected.schedules[lid], "ENABLED"), lid
     assert deployed_stack.schedules[0] == "FanOutFunction"
 
     sqs = c("sqs")
     queue = sqs.get_queue_attributes(QueueUrl=deployed_stack.queue_url, AttributeNames=["All"])["Attributes"]
     dlq = sqs.get_queue_attributes(QueueUrl=deployed_stack.dlq_url, AttributeNames=["All"])["Attributes"]
-    poll_queue = template["Resources"]["PollQueue"]
-    assert queue["VisibilityTimeout"] == str(prop(resolver, poll_queue, "VisibilityTimeout"))
+    assert queue["VisibilityTimeout"] == str(prop(expected, "PollQueue", "VisibilityTimeout"))
     assert json.loads(queue["RedrivePolicy"]) == {
         "deadLetterTargetArn": dlq["QueueArn"],
-        "maxReceiveCount": int(prop(resolver, poll_queue, "RedrivePolicy", "maxReceiveCount"))}
+        "maxReceiveCount": int(prop(expected, "PollQueue", "RedrivePolicy", "maxReceiveCount"))}
     assert json.loads(dlq["RedriveAllowPolicy"])["redrivePermission"] == "allowAll"
 
     table = c("dynamodb").describe_table(TableName=deployed_stack.outputs["JobsTableName"])["Table"]
-    jobs_table = template["Resources"]["JobsTable"]
-    assert table["KeySchema"] == prop(resolver, jobs_table, "KeySchema")
-    assert table["BillingModeSummary"]["BillingMode"] == prop(resolver, jobs_table, "BillingMode")
+    assert table["KeySchema"] == prop(expected, "JobsTable", "KeySchema")
+    assert table["BillingModeSummary"]["BillingMode"] == prop(expected, "JobsTable", "BillingMode")
     assert {(g["IndexName"], json.dumps(g["KeySchema"])) for g in table["GlobalSecondaryIndexes"]} == {
-        (g["IndexName"], json.dumps(g["KeySchema"])) for g in prop(resolver, jobs_table, "GlobalSecondaryIndexes")}
+        (g["IndexName"], json.dumps(g["KeySchema"])) for g in prop(expected, "JobsTable", "GlobalSecondaryIndexes")}
     c("s3").head_bucket(Bucket=deployed_stack.outputs["ResultBucketName"])
 
     physical = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in c("cloudformation").describe_stack_resources(
         StackName=deployed_stack.stack_name)["StackResources"]}
     deployed = {a["AlarmName"]: a for a in c("cloudwatch").describe_alarms()["MetricAlarms"]}
-    alarms = resources_of(template, resolver, "AWS::CloudWatch::Alarm")
+    alarms = resources_of(expected, "AWS::CloudWatch::Alarm")
     for lid, alarm in alarms.items():
         found = deployed[physical[lid]]
-        assert (found["Namespace"], found["MetricName"]) == (
-            prop(resolver, alarm, "Namespace"), prop(resolver, alarm, "MetricName")), lid
-    outputs = {name for name, o in template["Outputs"].items()
-               if not o.get("Condition") or resolver.condition(o["Condition"])}
-    assert outputs <= set(deployed_stack.outputs)
+        assert (found["Namespace"], found["MetricName"]) == (alarm["Namespace"], alarm["MetricName"]), lid
+    assert set(expected.outputs) <= set(deployed_stack.outputs)
 
 
 # -- jobs -------------------------------------------------------------------------------------------
@@ -206,10 +193,9 @@ def test_jobs_end_in_every_terminal_status_with_exactly_one_event_each(
 
 
 def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
-        deployed_stack: DeployedStack, every_ending: tuple[dict[str, str], list[str]], template: Any,
-        resolver: Resolver) -> None:
+        deployed_stack: DeployedStack, every_ending: tuple[dict[str, str], list[str]], expected: Created) -> None:
     stack = deployed_stack
-    watched = alarm_metrics(template, resolver)
+    watched = alarm_metrics(expected)
     assert watched, "no alarm on a SumePoller metric: the template changed, update this test"
 
     def seen() -> set[str]:

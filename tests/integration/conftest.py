@@ -9,7 +9,7 @@ import redis
 
 from sume_poller.aws import reset_session
 from tools.services import MotoServer, RedisServer
-from tools.template import Provisioned, Resolver, load_template, provision
+from tools.template import Created, aws_clients, create_stack, load, translate
 
 #: The tier's longest modules (seconds of test time in a clean-clone CI run), run first: xdist
 #: hands each worker whole modules (--dist loadfile) in collection order, and a long module
@@ -57,14 +57,22 @@ def aws(moto_server: MotoServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     reset_session()
 
 
+#: The template's parameters for fixtures that only need its table, queues and bucket.
+PARAMETERS = {"RedisUrl": "redis://redis.invalid:6379/0"}
+
+
+@pytest.fixture(scope="session")
+def translated_template() -> dict[str, object]:
+    """template.yaml after the SAM transform (once per test process)."""
+    return translate(load(), PARAMETERS)
+
+
 @pytest.fixture
-def template_resources(aws: str) -> Provisioned:
-    """template.yaml's table, queues and bucket created in moto (as the template declares them:
-    keys, indexes, redrive), named ``jobs``, ``poll``, ``poll-dlq`` and ``results``."""
-    template = load_template("template.yaml")
+def template_resources(aws: str, translated_template: dict[str, object]) -> Created:
+    """template.yaml created in moto (CreateStack: keys, indexes, redrive as the template declares
+    them), the table, queues and bucket named ``jobs``, ``poll``, ``poll-dlq`` and ``results``."""
     names = {"JobsTable": "jobs", "PollQueue": "poll", "PollDeadLetterQueue": "poll-dlq", "ResultBucket": "results"}
-    return provision(template, Resolver(template, parameters={"RedisUrl": "redis://redis.invalid:6379/0"}), aws,
-                     names=names)
+    return create_stack(aws_clients(aws), translated_template, PARAMETERS, names=names)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -1,6 +1,6 @@
 """The local services against real processes: redis-server in the shapes AWS runs (AUTH token,
-ACL user, cluster mode), the fault proxy between redis-py and redis-server, and provisioning the
-template's resources in moto server."""
+ACL user, cluster mode), the fault proxy between redis-py and redis-server, and the template
+created in moto server (tools.template: the SAM transform, then moto's CloudFormation)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from redis.retry import Retry
 
 from tools.faultproxy import FaultProxy
 from tools.services import MotoServer, RedisCluster, RedisServer, ServiceError, free_port
-from tools.template import Resolver, Template, function_spec, load_template, provision
+from tools.template import aws_clients, create_stack, load, translate
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_redis_server_start_stop_restart() -> None:
         assert server.pid != pid and ping(server.port)
     finally:
         server.stop()
-    assert not server.running
+    assert not server.running()
 
 
 def test_service_on_a_taken_port_is_refused() -> None:
@@ -85,18 +85,13 @@ def test_service_on_a_taken_port_is_refused() -> None:
         assert ping(first.port)
 
 
-class BrokenRedis(RedisServer):
-    def _command(self) -> list[str]:
-        return [*super()._command(), "--no-such-option", "1"]
-
-
 def test_service_that_dies_reports_its_output() -> None:
-    server = BrokenRedis()
+    server = RedisServer(extra=["--no-such-option", "1"])
     with pytest.raises(ServiceError, match="exited with code") as info:
         server.start()
     assert "output tail" in str(info.value)
     assert "no-such-option" in str(info.value)
-    assert not server.running
+    assert not server.running()
 
 
 def test_missing_redis_binary_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +156,7 @@ def cluster() -> Iterator[RedisCluster]:
         yield server
     finally:
         server.stop()
-    assert not server.running
+    assert not server.running()
     assert not any(path.exists() for path in files)  # stop removes the nodes' files
     assert not any(ping(port) for _, port in server.nodes)
 
@@ -393,30 +388,28 @@ def aws_client(service: Literal["dynamodb", "sqs", "s3"], moto: MotoServer) -> A
     )
 
 
-def write_template(tmp_path: Path, text: str) -> Template:
+def create(tmp_path: Path, text: str, moto: MotoServer, stack_name: str = "sume-poller") -> Any:
     path = tmp_path / "template.yaml"
     path.write_text(text, encoding="utf-8")
-    return load_template(path)
+    return create_stack(aws_clients(moto.endpoint_url), translate(load(path)), stack_name=stack_name)
 
 
-def test_provision_creates_the_project_templates_resources(moto: MotoServer) -> None:
-    template = load_template(ROOT / "template.yaml")
-    resolver = Resolver(template, parameters={"RedisUrl": "redis://127.0.0.1:6379/0"})
-    created = provision(template, resolver, moto.endpoint_url, names={"JobsTable": "jobs-under-test"})
-    assert {"JobsTable", "PollQueue", "PollDeadLetterQueue", "ResultBucket"} <= set(created)
-    assert created["JobsTable"] == "jobs-under-test"
-    resources = template["Resources"]
-    assert {resources[lid]["Type"] for lid in created} <= {
-        "AWS::DynamoDB::Table",
-        "AWS::SQS::Queue",
-        "AWS::S3::Bucket",
-    }
-    assert "AWS::CloudWatch::Alarm" in created.skipped.values()
-    assert set(created.skipped.values()).isdisjoint({"AWS::DynamoDB::Table", "AWS::SQS::Queue", "AWS::S3::Bucket"})
+def test_the_project_template_is_created_in_moto_as_it_declares_its_resources(moto: MotoServer) -> None:
+    parameters = {"RedisUrl": "redis://127.0.0.1:6379/0"}
+    template = load(ROOT / "template.yaml")
+    created = create_stack(aws_clients(moto.endpoint_url), translate(template, parameters), parameters,
+                           names={"JobsTable": "jobs-under-test"})
+    assert created["JobsTable"] == created.outputs["JobsTableName"] == "jobs-under-test"
+    assert {"PollQueue", "PollDeadLetterQueue", "ResultBucket", "PollFunction", "PollFunctionRole"} <= set(
+        created.resources)
+    # moto has no model for alarms: each is an SSM parameter holding its resolved properties
+    assert created.types["DeadLetterAlarm"] == "AWS::CloudWatch::Alarm"
+    assert created.stubs["DeadLetterAlarm"]["Dimensions"] == [
+        {"Name": "QueueName", "Value": created["PollDeadLetterQueue"].rsplit("/", 1)[1]}]
 
     ddb = aws_client("dynamodb", moto)
     table = ddb.describe_table(TableName="jobs-under-test")["Table"]
-    props = resources["JobsTable"]["Properties"]
+    props = template["Resources"]["JobsTable"]["Properties"]
     assert table["KeySchema"] == props["KeySchema"]
     assert table["BillingModeSummary"]["BillingMode"] == props["BillingMode"]
     (gsi,) = table["GlobalSecondaryIndexes"]
@@ -429,7 +422,7 @@ def test_provision_creates_the_project_templates_resources(moto: MotoServer) -> 
         "Attributes"
     ]["QueueArn"]
     attrs = sqs.get_queue_attributes(QueueUrl=created["PollQueue"], AttributeNames=["All"])["Attributes"]
-    queue_props = resources["PollQueue"]["Properties"]
+    queue_props = template["Resources"]["PollQueue"]["Properties"]
     assert int(attrs["VisibilityTimeout"]) == queue_props["VisibilityTimeout"]
     redrive = json.loads(attrs["RedrivePolicy"])
     assert redrive["deadLetterTargetArn"] == dlq_arn
@@ -437,14 +430,14 @@ def test_provision_creates_the_project_templates_resources(moto: MotoServer) -> 
 
     aws_client("s3", moto).head_bucket(Bucket=created["ResultBucket"])
 
-    assert resolver.resolve({"Ref": "JobsTable"}) == "jobs-under-test"
-    assert resolver.resolve({"Fn::GetAtt": ["PollQueue", "Arn"]}) == attrs["QueueArn"]
-    assert resolver.resolve({"Fn::GetAtt": ["PollDeadLetterQueue", "QueueName"]}) == dlq_arn.split(":")[-1]
-    assert resolver.resolve({"Fn::GetAtt": ["JobsTable", "Arn"]}) == table["TableArn"]
-    assert resolver.resolve({"Fn::GetAtt": ["ResultBucket", "Arn"]}) == f"arn:aws:s3:::{created['ResultBucket']}"
-    spec = function_spec(template, "PollFunction", resolver)
-    assert spec.environment["JOBS_TABLE"] == "jobs-under-test"
-    assert spec.environment["POLL_QUEUE_URL"] == created["PollQueue"]
+    poll = created.functions["PollFunction"]
+    assert poll.environment["JOBS_TABLE"] == "jobs-under-test"
+    assert poll.environment["POLL_QUEUE_URL"] == created["PollQueue"]
+    assert poll.environment["RESULT_BUCKET"] == created["ResultBucket"]
+    assert (poll.code_dir, poll.layer_dirs) == (ROOT / "functions" / "poll", [ROOT / "layers" / "sume_poller"])
+    assert created.mappings["PollFunction"]["EventSourceArn"] == attrs["QueueArn"]
+    assert created.mappings["PollFunction"]["State"] == "Disabled"  # the stack plays it: moto would run Docker
+    assert created.schedules == {"FanOutFunction": "rate(1 minute)", "SweepFunction": "rate(1 minute)"}
 
 
 INLINE_TEMPLATE = """\
@@ -459,41 +452,34 @@ Resources:
     Properties: {DelaySeconds: 2}
   Later:
     Type: AWS::SQS::Queue
-  Ordered:
-    Type: AWS::SQS::Queue
-    Properties: {FifoQueue: true}
   Optional:
     Type: AWS::SQS::Queue
     Condition: Extra
   Files:
     Type: AWS::S3::Bucket
-  Topic:
-    Type: AWS::SNS::Topic
+  Alarm:
+    Type: AWS::CloudWatch::Alarm
+    Properties: {AlarmDescription: !Sub "on ${Main.QueueName}"}
 """
 
 
-def test_provision_generates_unique_names_and_skips_other_types(tmp_path: Path, moto: MotoServer) -> None:
-    template = write_template(tmp_path, INLINE_TEMPLATE)
-    first = provision(template, Resolver(template), moto.endpoint_url)
-    second = provision(template, Resolver(template), moto.endpoint_url)
-    assert list(first) == ["Later", "Main", "Ordered", "Files"]  # dependency order; false conditions skipped
-    assert first.skipped == {"Topic": "AWS::SNS::Topic"}
+def test_stacks_get_unique_names_and_false_conditions_create_nothing(tmp_path: Path, moto: MotoServer) -> None:
+    first = create(tmp_path, INLINE_TEMPLATE, moto, "first")
+    second = create(tmp_path, INLINE_TEMPLATE, moto, "second")
+    assert set(first.resources) == {"Main", "Later", "Files", "Alarm"}  # the false condition's queue is not made
     assert first["Main"] != second["Main"] and first["Files"] != second["Files"]
-    assert "/sume-poller-Main-" in first["Main"]
+    assert "/first-Main-" in first["Main"]
     sqs = aws_client("sqs", moto)
     attrs = sqs.get_queue_attributes(QueueUrl=first["Main"], AttributeNames=["DelaySeconds"])
     assert attrs["Attributes"]["DelaySeconds"] == "2"
-    assert first["Ordered"].endswith(".fifo")
-    fifo = sqs.get_queue_attributes(QueueUrl=first["Ordered"], AttributeNames=["FifoQueue"])["Attributes"]
-    assert fifo["FifoQueue"] == "true"
     s3 = aws_client("s3", moto)
     buckets = {bucket["Name"] for bucket in s3.list_buckets()["Buckets"]}
     assert {first["Files"], second["Files"]} <= buckets
+    assert first.stubs["Alarm"] == {"AlarmDescription": f"on {first['Main'].rsplit('/', 1)[1]}"}
 
 
 def test_moto_reset_forgets_resources(tmp_path: Path, moto: MotoServer) -> None:
-    template = write_template(tmp_path, "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n")
-    provision(template, Resolver(template), moto.endpoint_url)
+    create(tmp_path, "Resources:\n  Q:\n    Type: AWS::SQS::Queue\n", moto)
     sqs = aws_client("sqs", moto)
     assert sqs.list_queues().get("QueueUrls")
     moto.reset()

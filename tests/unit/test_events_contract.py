@@ -42,7 +42,7 @@ from sume_poller.settings import SubmitSettings
 from sume_poller.submit import Submitter
 from sume_poller.sume import Created
 from sume_poller.webhook import WebhookReceiver, raw_body, signature
-from tools.template import load_template
+from tools.template import load as load_template
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = ROOT / "events"

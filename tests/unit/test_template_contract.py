@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tools.template import load_template
+from tools.template import load as load_template
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = load_template(ROOT / "template.yaml")

@@ -2,7 +2,10 @@
 (issue "Real-account truth, round two"): enumerated properties within what AWS documents, for
 every value their parameters allow; queue encryption a service can send to; the template's Rules;
 the roles SAM would generate; the bucket, table and queue settings an operator of a paid pipeline
-wants. Everything is read from the template (and samconfig.toml), resolved with tools.template.
+wants. Everything is read from the template (and samconfig.toml): what it resolves to from the
+stack moto's CloudFormation creates of it (tools.template.resolve: every resource's properties,
+the functions' configuration, outputs added for a value to resolve); the shape of what SAM makes of
+it from the translated template.
 
 ``SUME_TEMPLATE`` and ``SUME_SAMCONFIG`` (paths) point these tests at another template or
 samconfig.toml, e.g. older ones: ``git show HEAD~5:template.yaml > /tmp/old.yaml;
@@ -11,7 +14,6 @@ SUME_TEMPLATE=/tmp/old.yaml pytest ...``.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -24,36 +26,52 @@ from typing import Any
 import pytest
 
 from sume_poller import settings
-from tools.template import (
-    NO_VALUE,
-    Resolver,
-    Template,
-    function_spec,
-    functions,
-    load_template,
-    merged_function_properties,
-)
+from tools.template import Created, load, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_PATH = Path(os.environ.get("SUME_TEMPLATE") or ROOT / "template.yaml")
 SAMCONFIG_PATH = Path(os.environ.get("SUME_SAMCONFIG") or ROOT / "samconfig.toml")
-TEMPLATE = load_template(TEMPLATE_PATH)
+TEMPLATE = load(TEMPLATE_PATH)
 PARAMETERS: dict[str, Any] = TEMPLATE["Parameters"]
 RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
 REQUIRED = {"RedisUrl": "rediss://cache.example:6379"}  # the one parameter without a default
 KEY = "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 VPC = {"SubnetIds": "subnet-a,subnet-b", "SecurityGroupIds": "sg-1"}
 EVERYTHING_ON = {"Webhooks": "true", "Sweeps": "true", "CreateTerminalEventsQueue": "true"}
+NO_VALUE = object()
 
 
-def resolver(**overrides: str) -> Resolver:
-    return Resolver(TEMPLATE, parameters={**REQUIRED, **EVERYTHING_ON, **overrides})
+#: Values the tests compare with, added to the template's outputs: moto resolves them in the same stack.
+EXPRESSIONS: dict[str, Any] = {
+    "StackName": {"Ref": "AWS::StackName"},
+    "ResultBucketArn": {"Fn::GetAtt": ["ResultBucket", "Arn"]},
+    "ResultsArn": {"Fn::Sub": "${ResultBucket.Arn}/results/*"},
+    "FailedInvocationsQueueArn": {"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]},
+    **{f"{group}Arn": {"Fn::GetAtt": [group, "Arn"]}
+       for group in ("SubmitLogGroup", "PollLogGroup", "FanOutLogGroup", "SweepLogGroup", "WebhookLogGroup")},
+}
 
 
-def deployed(r: Resolver, resource_type: str) -> dict[str, Any]:
-    """Logical id -> resource of a type, for the resources whose Condition holds."""
-    return {lid: res for lid, res in RESOURCES.items() if res["Type"] == resource_type
-            and (not res.get("Condition") or r.condition(res["Condition"]))}
+def resolver(**overrides: str) -> Created:
+    """The template created in moto's in-memory CloudFormation with these parameters (everything on)."""
+    return resolve({**REQUIRED, **EVERYTHING_ON, **overrides}, TEMPLATE_PATH, outputs=EXPRESSIONS)
+
+
+#: The template after the SAM transform (Globals merged into each AWS::Lambda::Function), unresolved.
+TRANSLATED: dict[str, Any] = resolver().translated["Resources"]
+
+
+def function_props(lid: str) -> dict[str, Any]:
+    """A function's properties as SAM makes them (Globals merged), unresolved."""
+    props: dict[str, Any] = TRANSLATED[lid]["Properties"]
+    return props
+
+
+def deployed(r: Created, resource_type: str) -> dict[str, Any]:
+    """Logical id -> resolved properties, for the resources of a type whose Condition holds."""
+    if resource_type == "AWS::Serverless::Function":
+        return {lid: r.properties[lid] for lid in r.functions}
+    return {lid: r.properties[lid] for lid in r.of_type(resource_type)}
 
 
 def at(value: Any, path: tuple[str, ...]) -> Any:
@@ -65,37 +83,6 @@ def at(value: Any, path: tuple[str, ...]) -> Any:
 
 
 # -- which parameters feed a value, and every value each allows ---------------------------------------
-
-def feeding_parameters(value: Any) -> set[str]:
-    """The parameters a (raw) value depends on: through Ref, ${...} in Fn::Sub and the Conditions
-    of Fn::If / Condition, transitively."""
-    found: set[str] = set()
-
-    def walk(node: Any) -> None:
-        if isinstance(node, list):
-            for item in node:
-                walk(item)
-        elif isinstance(node, str):
-            return
-        elif isinstance(node, dict):
-            for key, arg in node.items():
-                if key == "Ref" and arg in PARAMETERS:
-                    found.add(arg)
-                elif key == "Fn::If":
-                    walk({"Condition": arg[0]})
-                    walk(arg[1:])
-                elif key == "Condition" and isinstance(arg, str):
-                    walk(TEMPLATE["Conditions"][arg])
-                elif key == "Fn::Sub":
-                    text = arg[0] if isinstance(arg, list) else arg
-                    found.update(n for n in re.findall(r"\$\{([^}!.]+)\}", text) if n in PARAMETERS)
-                    walk(arg[1:] if isinstance(arg, list) else [])
-                else:
-                    walk(arg)
-
-    walk(value)
-    return found
-
 
 def allowed_values(name: str) -> list[str]:
     """Every value a parameter allows (AllowedValues), or its bounds and default (numbers), or its
@@ -109,12 +96,19 @@ def allowed_values(name: str) -> list[str]:
     return sorted({str(v) for v in values if v is not None})
 
 
-def every_resolution(value: Any, base: Mapping[str, str], where: str) -> Iterator[tuple[dict[str, str], Any]]:
-    """(parameters, resolved value) for every combination of the values its parameters allow."""
-    names = sorted(feeding_parameters(value))
-    for combination in itertools.product(*(allowed_values(n) for n in names)):
-        parameters = {**base, **dict(zip(names, combination, strict=True))}
-        yield parameters, Resolver(TEMPLATE, parameters=parameters).resolve(value, where)
+def possible_values(value: Any) -> Iterator[Any]:
+    """Every value an enumerated property can take - a literal, each value its parameter allows, or
+    either branch of an Fn::If (more than the conditions let through, never less). Anything else
+    comes out as it is, and fails its check."""
+    if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"] in PARAMETERS:
+        yield from allowed_values(value["Ref"])
+    elif isinstance(value, dict) and value == {"Ref": "AWS::NoValue"}:
+        yield NO_VALUE
+    elif isinstance(value, dict) and set(value) == {"Fn::If"}:
+        yield from possible_values(value["Fn::If"][1])
+        yield from possible_values(value["Fn::If"][2])
+    else:
+        yield value
 
 
 # -- item 11: enumerated properties hold what AWS documents -------------------------------------------
@@ -131,8 +125,8 @@ def between(low: int, high: int) -> Any:
     return lambda v: low <= int(v) <= high
 
 
-#: Lambda properties (Globals merged) -> what AWS accepts. Every ApplicationLogLevel above INFO
-#: drops the EMF metric lines (they carry no level): INFO at most.
+#: Lambda properties (Globals merged, as SAM makes them) -> what AWS accepts. Every
+#: ApplicationLogLevel above INFO drops the EMF metric lines (they carry no level): INFO at most.
 FUNCTION_CHECKS: dict[tuple[str, ...], Any] = {
     ("LoggingConfig", "ApplicationLogLevel"):
         lambda v: v in LAMBDA_LOG_LEVELS and LAMBDA_LOG_LEVELS.index(v) <= LAMBDA_LOG_LEVELS.index("INFO"),
@@ -140,14 +134,19 @@ FUNCTION_CHECKS: dict[tuple[str, ...], Any] = {
     ("LoggingConfig", "LogFormat"): lambda v: v in {"Text", "JSON"},
     ("Runtime",): lambda v: v in PYTHON_RUNTIMES,
     ("Architectures",): lambda v: isinstance(v, list) and len(v) == 1 and v[0] in ARCHITECTURES,
-    ("Tracing",): lambda v: v in {"Active", "PassThrough", "Disabled"},
+    ("TracingConfig", "Mode"): lambda v: v in {"Active", "PassThrough", "Disabled"},
     ("Timeout",): between(1, 900),
     ("MemorySize",): between(128, 10240),
     ("ReservedConcurrentExecutions",): between(0, 100_000),
-    ("EventInvokeConfig", "MaximumEventAgeInSeconds"): between(60, 21600),
-    ("EventInvokeConfig", "MaximumRetryAttempts"): between(0, 2),
-    ("Events", "PollQueue", "Properties", "BatchSize"): between(1, 10),  # 10: no batching window
-    ("Events", "PollQueue", "Properties", "ScalingConfig", "MaximumConcurrency"): between(2, 1000),
+}
+#: What SAM makes of a function's EventInvokeConfig and SQS event: resources of their own.
+INVOKE_CONFIG_CHECKS: dict[tuple[str, ...], Any] = {
+    ("MaximumEventAgeInSeconds",): between(60, 21600),
+    ("MaximumRetryAttempts",): between(0, 2),
+}
+MAPPING_CHECKS: dict[tuple[str, ...], Any] = {
+    ("BatchSize",): between(1, 10),  # 10: no batching window
+    ("ScalingConfig", "MaximumConcurrency"): between(2, 1000),
 }
 QUEUE_CHECKS: dict[tuple[str, ...], Any] = {
     ("MessageRetentionPeriod",): between(60, 1_209_600),
@@ -167,14 +166,13 @@ ALARM_CHECKS: dict[tuple[str, ...], Any] = {
 
 
 def checked_values() -> Iterator[tuple[str, tuple[str, ...], Any, Any]]:
-    """(where, path, raw value, check) for every enumerated property the template sets."""
-    for lid in functions(TEMPLATE):
-        props = merged_function_properties(TEMPLATE, lid)
-        for path, check in FUNCTION_CHECKS.items():
-            yield lid, path, at(props, path), check
-    for lid, resource in RESOURCES.items():
-        table = {"AWS::SQS::Queue": QUEUE_CHECKS, "AWS::Logs::LogGroup": LOG_GROUP_CHECKS,
-                 "AWS::Serverless::LayerVersion": LAYER_CHECKS, "AWS::CloudWatch::Alarm": ALARM_CHECKS}
+    """(where, path, raw value, check) for every enumerated property the template sets (as SAM
+    translates it: Globals merged, a function's events and invoke config resources of their own)."""
+    table = {"AWS::Lambda::Function": FUNCTION_CHECKS, "AWS::SQS::Queue": QUEUE_CHECKS,
+             "AWS::Logs::LogGroup": LOG_GROUP_CHECKS, "AWS::Lambda::LayerVersion": LAYER_CHECKS,
+             "AWS::CloudWatch::Alarm": ALARM_CHECKS, "AWS::Lambda::EventInvokeConfig": INVOKE_CONFIG_CHECKS,
+             "AWS::Lambda::EventSourceMapping": MAPPING_CHECKS}
+    for lid, resource in TRANSLATED.items():
         for path, check in table.get(resource["Type"], {}).items():
             yield lid, path, at(resource.get("Properties") or {}, path), check
 
@@ -185,24 +183,23 @@ def test_every_enumerated_property_holds_what_aws_documents_for_every_parameter_
     for lid, path, raw, check in checked_values():
         if raw is NO_VALUE:
             continue
-        for base in ({**REQUIRED, **EVERYTHING_ON}, {**REQUIRED, **EVERYTHING_ON, "KmsKeyArn": KEY}):
-            for parameters, value in every_resolution(raw, base, f"{lid}.{'.'.join(path)}"):
-                count += 1
-                if value is not None and not check(value):
-                    bad.append(f"{lid}.{'.'.join(path)} = {value!r} with {parameters}")
+        for value in possible_values(raw):
+            count += 1
+            if value is not NO_VALUE and not check(value):
+                bad.append(f"{lid}.{'.'.join(path)} = {value!r}")
     assert count > 50
     assert not bad, "\n".join(sorted(set(bad)))
 
 
 def test_log_level_is_one_name_lambda_powertools_and_python_share() -> None:
     assert PARAMETERS["LogLevel"]["AllowedValues"] == ["DEBUG", "INFO", "WARN", "ERROR"]
-    env = TEMPLATE["Globals"]["Function"]["Environment"]["Variables"]
     for value in PARAMETERS["LogLevel"]["AllowedValues"]:
         r = resolver(LogLevel=value)
-        assert r.resolve(env["POWERTOOLS_LOG_LEVEL"]) == value  # applied inside the functions
+        for lid, function in r.functions.items():
+            assert function.environment["POWERTOOLS_LOG_LEVEL"] == value, lid  # applied inside the functions
+            application = r.properties[lid]["LoggingConfig"]["ApplicationLogLevel"]
+            assert application == ("DEBUG" if value == "DEBUG" else "INFO"), lid  # never filters a metric line
         assert value in logging.getLevelNamesMapping()
-        application = r.resolve(TEMPLATE["Globals"]["Function"]["LoggingConfig"]["ApplicationLogLevel"])
-        assert application == ("DEBUG" if value == "DEBUG" else "INFO")  # never filters a metric line
 
 
 # -- item 12: every queue can be sent to; the key's users are granted -----------------------------------
@@ -215,8 +212,7 @@ def test_no_queue_uses_the_aws_managed_sqs_key_and_without_a_key_every_queue_has
     r = resolver(KmsKeyArn=key)
     queues = deployed(r, "AWS::SQS::Queue")
     assert set(queues) == set(QUEUES)
-    for lid, queue in queues.items():
-        props = r.resolve(queue["Properties"], lid)
+    for lid, props in queues.items():
         assert "alias/aws/sqs" not in json.dumps(props), lid
         if key:
             assert props.get("KmsMasterKeyId") == key and "SqsManagedSseEnabled" not in props, lid
@@ -224,11 +220,11 @@ def test_no_queue_uses_the_aws_managed_sqs_key_and_without_a_key_every_queue_has
             assert props.get("SqsManagedSseEnabled") in (True, "true") and "KmsMasterKeyId" not in props, lid
 
 
-def role_statements(r: Resolver, function: str) -> list[dict[str, Any]]:
+def role_statements(r: Created, function: str) -> list[dict[str, Any]]:
     """The inline statements of a function's role, resolved (the template's own roles)."""
-    role = merged_function_properties(TEMPLATE, function).get("Role")
+    role = function_props(function).get("Role")
     assert role == {"Fn::GetAtt": [f"{function}Role", "Arn"]}, f"{function} has no role of the template's own"
-    props = r.resolve(RESOURCES[f"{function}Role"]["Properties"], f"{function}Role")
+    props = r.properties[f"{function}Role"]
     return [s for policy in props.get("Policies", []) for s in policy["PolicyDocument"]["Statement"]]
 
 
@@ -246,7 +242,7 @@ def test_with_a_key_every_function_may_use_it_for_its_queues_and_dead_letters() 
         statements = role_statements(r, function)
         assert grants(statements, "kms:GenerateDataKey", KEY), function  # sends (Lambda's DLQ sends as the role)
         assert grants(statements, "kms:Decrypt", KEY), function
-        failed = r.resolve({"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]})
+        failed = r.outputs["FailedInvocationsQueueArn"]
         assert grants(statements, "sqs:SendMessage", failed), function
     without = resolver()
     assert not any("kms:" in json.dumps(role_statements(without, f))
@@ -370,8 +366,8 @@ def test_every_samconfig_environment_passes_the_rules_where_sync_reads_it_too(en
 def test_every_function_knows_whether_it_runs_in_a_vpc() -> None:
     for overrides, expected in (({}, "false"), (VPC, "true")):
         r = resolver(**overrides)
-        for lid in deployed(r, "AWS::Serverless::Function"):
-            assert function_spec(TEMPLATE, lid, r).environment["IN_VPC"] == expected, lid
+        for lid, function in r.functions.items():
+            assert function.environment["IN_VPC"] == expected, lid
 
 
 # -- item 14: costs and exposure -------------------------------------------------------------------------
@@ -379,29 +375,29 @@ def test_every_function_knows_whether_it_runs_in_a_vpc() -> None:
 def test_the_public_webhook_url_cannot_take_the_accounts_concurrency() -> None:
     spec = PARAMETERS["WebhookReservedConcurrency"]
     assert spec["Type"] == "Number" and 1 <= spec["MinValue"] <= spec["Default"] <= spec["MaxValue"] <= 100
-    webhook = merged_function_properties(TEMPLATE, "WebhookFunction")
-    assert webhook["FunctionUrlConfig"]["AuthType"] == "NONE"
-    assert resolver(WebhookReservedConcurrency="7").resolve(webhook["ReservedConcurrentExecutions"]) == "7"
+    assert TRANSLATED["WebhookFunctionUrl"]["Properties"]["AuthType"] == "NONE"
+    assert resolver(WebhookReservedConcurrency="7").properties["WebhookFunction"]["ReservedConcurrentExecutions"] == 7
 
 
 def test_a_stale_schedule_tick_is_dropped_not_retried() -> None:
     for lid in ("FanOutFunction", "SweepFunction"):
-        config = merged_function_properties(TEMPLATE, lid)["EventInvokeConfig"]
-        assert config == {"MaximumEventAgeInSeconds": 60, "MaximumRetryAttempts": 0}, lid
+        config = TRANSLATED[f"{lid}EventInvokeConfig"]["Properties"]
+        assert config["FunctionName"] == {"Ref": lid}, lid
+        assert (config["MaximumEventAgeInSeconds"], config["MaximumRetryAttempts"]) == (60, 0), lid
 
 
 @pytest.mark.parametrize("key", ["", KEY], ids=["sse-s3", "cmk"])
 def test_the_result_bucket_refuses_plain_http_and_expires_what_nobody_reads(key: str) -> None:
     r = resolver(KmsKeyArn=key)
-    (policy,) = [r.resolve(p["Properties"]) for p in deployed(r, "AWS::S3::BucketPolicy").values()
-                 if p["Properties"]["Bucket"] == {"Ref": "ResultBucket"}]
-    bucket_arn = r.resolve({"Fn::GetAtt": ["ResultBucket", "Arn"]})
+    (policy,) = [p for p in deployed(r, "AWS::S3::BucketPolicy").values() if p["Bucket"] == r["ResultBucket"]]
+    bucket_arn = r.outputs["ResultBucketArn"]
+    assert bucket_arn.endswith(f":::{r['ResultBucket']}")
     (deny,) = [s for s in policy["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
     assert deny["Principal"] == "*" and deny["Action"] == "s3:*"
     assert set(deny["Resource"]) == {bucket_arn, f"{bucket_arn}/*"}
     assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
 
-    bucket = r.resolve(RESOURCES["ResultBucket"]["Properties"])
+    bucket = r.properties["ResultBucket"]
     rules = [rule for rule in bucket["LifecycleConfiguration"]["Rules"] if rule["Status"] == "Enabled"]
     assert any(rule.get("NoncurrentVersionExpiration") == {"NoncurrentDays": 30} for rule in rules)
     assert any(rule.get("AbortIncompleteMultipartUpload") == {"DaysAfterInitiation": 1} for rule in rules)
@@ -413,14 +409,14 @@ def test_the_result_bucket_refuses_plain_http_and_expires_what_nobody_reads(key:
 
 
 def test_the_table_uses_the_free_aws_owned_key_unless_a_key_is_given() -> None:
-    assert resolver().resolve(RESOURCES["JobsTable"]["Properties"]["SSESpecification"]) == {"SSEEnabled": False}
-    assert resolver(KmsKeyArn=KEY).resolve(RESOURCES["JobsTable"]["Properties"]["SSESpecification"]) == {
+    assert resolver().properties["JobsTable"]["SSESpecification"] == {"SSEEnabled": False}
+    assert resolver(KmsKeyArn=KEY).properties["JobsTable"]["SSESpecification"] == {
         "SSEEnabled": True, "SSEType": "KMS", "KMSMasterKeyId": KEY}
 
 
 def test_dead_letters_outlive_the_messages_they_were() -> None:
     r = resolver()
-    retention = {q: int(r.resolve(RESOURCES[q]["Properties"]["MessageRetentionPeriod"])) for q in QUEUES}
+    retention = {q: int(r.properties[q]["MessageRetentionPeriod"]) for q in QUEUES}
     assert retention["PollQueue"] == 4 * 86400
     assert retention["PollDeadLetterQueue"] == retention["FailedInvocationsQueue"] == 14 * 86400
     # A message keeps its first enqueue time in the DLQ: it must have time left there.
@@ -441,21 +437,22 @@ def test_ssm_parameter_names_need_their_leading_slash(name: str) -> None:
     r = resolver(**{name: "/team/key", "WebhookSecretSource": "ssm"})
     function = "PollFunction" if name == "SumeApiKeyName" else "WebhookFunction"
     assert grants(role_statements(r, function), "ssm:GetParameter",
-                  "arn:aws:ssm:us-east-1:123456789012:parameter/team/key")
+                  "arn:aws:ssm:us-east-1:123456789012:parameter/team/key")  # moto's account and region
 
 
 def test_every_function_logs_into_its_own_log_group_created_first() -> None:
     r = resolver()
     groups = deployed(r, "AWS::Logs::LogGroup")
+    stack = r.outputs["StackName"]
     for lid in deployed(r, "AWS::Serverless::Function"):
-        bound = merged_function_properties(TEMPLATE, lid)["LoggingConfig"].get("LogGroup")
+        bound = function_props(lid)["LoggingConfig"].get("LogGroup")
         assert isinstance(bound, dict) and set(bound) == {"Ref"} and bound["Ref"] in groups, lid
-        group = groups[bound["Ref"]]["Properties"]
-        assert lid not in json.dumps(group["LogGroupName"]), f"{lid}'s log group refers back to it"
-        assert r.resolve(group["LogGroupName"]).startswith("/aws/lambda/sume-poller-")  # the stack's name
-        log_group_arn = r.resolve({"Fn::GetAtt": [bound["Ref"], "Arn"]})
+        assert lid not in json.dumps(RESOURCES[bound["Ref"]]["Properties"]["LogGroupName"]), \
+            f"{lid}'s log group refers back to it"
+        assert groups[bound["Ref"]]["LogGroupName"].startswith(f"/aws/lambda/{stack}-")  # the stack's name
+        log_group_arn = r.outputs[f"{bound['Ref']}Arn"]
         assert grants(role_statements(r, lid), "logs:PutLogEvents", log_group_arn), lid
-    names = [r.resolve(g["Properties"]["LogGroupName"]) for g in groups.values()]
+    names = [g["LogGroupName"] for g in groups.values()]
     assert len(set(names)) == len(names)
 
 
@@ -479,34 +476,15 @@ TRANSLATIONS = {
 }
 
 
-def translate(parameters: Mapping[str, str]) -> Template:
-    """The template after the SAM transform (aws-sam-translator, the SAM CLI's version)."""
-    import boto3
-    from samtranslator.parser.parser import Parser
-    from samtranslator.translator.translator import Translator
-
-    document = json.loads(json.dumps(TEMPLATE))
-    for resource in document["Resources"].values():
-        for key in ("CodeUri", "ContentUri"):
-            if key in resource.get("Properties", {}):
-                resource["Properties"][key] = "s3://bucket/key"  # what sam package uploads
-    translator = Translator({}, Parser(), boto_session=boto3.session.Session(region_name="us-east-1"))
-    return Template(translator.translate(document, dict(parameters), get_managed_policy_map=dict))
-
-
 @pytest.mark.parametrize("case", sorted(TRANSLATIONS))
 def test_no_role_gets_a_wildcard_policy_its_feature_does_not_need(case: str) -> None:
     parameters = {**REQUIRED, **TRANSLATIONS[case]}
-    translated = translate(parameters)
-    r = Resolver(translated, parameters=parameters)
-    features = {"vpc": r.condition("UseVpc"), "tracing": parameters.get("Tracing") == "Active"}
-    roles = {lid: res for lid, res in translated["Resources"].items() if res["Type"] == "AWS::IAM::Role"
-             and (not res.get("Condition") or r.condition(res["Condition"]))}
-    lambdas = {lid: res for lid, res in translated["Resources"].items() if res["Type"] == "AWS::Lambda::Function"
-               and (not res.get("Condition") or r.condition(res["Condition"]))}
-    assert {res["Properties"]["Role"]["Fn::GetAtt"][0] for res in lambdas.values()} <= set(roles)
-    for lid, role in roles.items():
-        props = r.resolve(role["Properties"], lid)
+    r = resolve(parameters, TEMPLATE_PATH, outputs={"UseVpc": {"Fn::If": ["UseVpc", "yes", "no"]}})
+    features = {"vpc": r.outputs["UseVpc"] == "yes", "tracing": parameters.get("Tracing") == "Active"}
+    roles = r.of_type("AWS::IAM::Role")  # everything SAM made of the template: none of its own roles
+    assert {r.translated["Resources"][lid]["Properties"]["Role"]["Fn::GetAtt"][0] for lid in r.functions} <= set(roles)
+    for lid in roles:
+        props = r.properties[lid]
         for arn in props.get("ManagedPolicyArns", []):
             name = arn.rsplit("/", 1)[-1]
             assert name in WILDCARD_POLICIES, f"{lid}: unknown managed policy {arn}"
@@ -518,7 +496,7 @@ def test_no_role_gets_a_wildcard_policy_its_feature_does_not_need(case: str) -> 
                 assert "*" not in (resource if isinstance(resource, list) else [resource]), f"{lid}: {statement}"
 
     poll = role_statements(r, "PollFunction")
-    queue = r.resolve({"Fn::GetAtt": ["PollQueue", "Arn"]})
+    queue = r.mappings["PollFunction"]["EventSourceArn"]
     for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ChangeMessageVisibility",
                    "sqs:SendMessage"):
         assert grants(poll, action, queue), action
@@ -528,7 +506,7 @@ def test_no_role_gets_a_wildcard_policy_its_feature_does_not_need(case: str) -> 
 
 def test_the_claim_ttl_fits_between_the_poll_timeout_and_the_queues_visibility_timeout() -> None:
     visibility = int(RESOURCES["PollQueue"]["Properties"]["VisibilityTimeout"])
-    timeout = int(merged_function_properties(TEMPLATE, "PollFunction")["Timeout"])
+    timeout = int(function_props("PollFunction")["Timeout"])
     assert (visibility, timeout) == (settings.POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS,
                                      settings.POLL_FUNCTION_TIMEOUT_SECONDS)
     assert PARAMETERS["ClaimTtlSeconds"]["MaxValue"] == visibility - timeout == settings.CLAIM_TTL_MAX_SECONDS
@@ -540,8 +518,8 @@ def test_the_poll_function_may_stream_results_and_is_told_their_limit() -> None:
     spec = PARAMETERS["ResultMaxMegabytes"]
     assert (spec["Default"], spec["MinValue"], spec["MaxValue"]) == (50, 1, 500)
     r = resolver(ResultMaxMegabytes="7")
-    assert function_spec(TEMPLATE, "PollFunction", r).environment["RESULT_MAX_MEGABYTES"] == "7"
-    results = r.resolve({"Fn::Sub": "${ResultBucket.Arn}/results/*"})
+    assert r.functions["PollFunction"].environment["RESULT_MAX_MEGABYTES"] == "7"
+    results = r.outputs["ResultsArn"]
     statements = role_statements(r, "PollFunction")
     for action in ("s3:PutObject", "s3:PutObjectTagging", "s3:DeleteObjectTagging", "s3:DeleteObject",
                    "s3:AbortMultipartUpload"):
@@ -554,7 +532,7 @@ def test_a_misconfigured_redis_alarms_on_its_first_datapoint() -> None:
         "SumePoller", "RedisMisconfigured", [{"Name": "service", "Value": "sume-poller"}])
     assert (alarm["Period"], alarm["EvaluationPeriods"], alarm["Threshold"], alarm["ComparisonOperator"]) == (
         60, 1, 0, "GreaterThanThreshold")
-    body = json.loads(resolver().resolve(RESOURCES["Dashboard"]["Properties"]["DashboardBody"]))
+    body = json.loads(resolver().properties["Dashboard"]["DashboardBody"])
     (redis_line,) = [w for w in body["widgets"] if '"RedisUnavailable"' in json.dumps(w)]
     assert '"RedisMisconfigured"' in json.dumps(redis_line)
     assert "`RedisMisconfigured`" in (ROOT / "README.md").read_text()

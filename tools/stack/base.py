@@ -107,21 +107,6 @@ def stack_parameters(time_scale: float, redis_url: str, sume_base_url: str,
     return params
 
 
-def deployed_functions(template: Mapping[str, Any], condition: Callable[[str], bool]) -> list[str]:
-    """Logical ids of the template's functions whose Condition (if any) holds, in template order."""
-    return [lid for lid, res in (template.get("Resources") or {}).items()
-            if res.get("Type") == "AWS::Serverless::Function"
-            and (not res.get("Condition") or condition(res["Condition"]))]
-
-
-def scheduled_functions(template: Mapping[str, Any], functions: Iterable[str]) -> list[str]:
-    """Those of ``functions`` that a Schedule (or ScheduleV2) event runs, in template order."""
-    wanted = set(functions)
-    return [lid for lid, res in (template.get("Resources") or {}).items()
-            if lid in wanted and any((e or {}).get("Type") in ("Schedule", "ScheduleV2")
-                                     for e in ((res.get("Properties") or {}).get("Events") or {}).values())]
-
-
 def scheduled_event() -> dict[str, Any]:
     """The event an EventBridge schedule sends."""
     return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",

@@ -30,20 +30,22 @@ import fcntl
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
-from tools.services import HttpService
+from mirakuru.exceptions import ProcessFinishedWithError
+
+from tools.services import Service, free_port
 from tools.stack.base import (
     CREDENTIALS,
     REGION,
@@ -57,7 +59,6 @@ from tools.stack.base import (
     aws_clients,
     prune_stale,
     require,
-    scheduled_functions,
     stack_parameters,
     wait_until,
 )
@@ -85,72 +86,44 @@ class InvokeError(RuntimeError):
 # The ministack server
 # ---------------------------------------------------------------------------------------------
 
-def _start_time(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, start time) of every descendant (Linux /proc), so a PID is only signalled while it
-    is still the same process."""
-    found: list[tuple[int, str]] = []
-    todo = [pid]
-    while todo:
-        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
-            with contextlib.suppress(OSError):
-                for child in map(int, (task / "children").read_text().split()):
-                    stamp = _start_time(child)
-                    if stamp is not None:
-                        found.append((child, stamp))
-                        todo.append(child)
-    return found
-
-
-class MinistackServer(HttpService):
-    """ministack on a free 127.0.0.1 port, TMPDIR under ``.scratch/stack``. Stopping it also
-    stops (by PID, checked against its start time) the Lambda workers it started."""
+class MinistackServer(Service):
+    """ministack on a free 127.0.0.1 port, TMPDIR under ``.scratch/stack``; ready when its health
+    route answers. Stopping it stops its Lambda workers too (mirakuru: its process group and every
+    process that inherited its environment marker)."""
 
     name = "ministack"
 
     def __init__(self, port: int | None = None, ready_timeout: float = 60.0) -> None:
-        super().__init__(port, ready_timeout)
-        self.tmpdir: Path | None = None
-
-    def _command(self) -> list[str]:
         binary = require(MINISTACK, ".venv-ministack")
         prune_stale(SCRATCH / "ministack")
-        self.tmpdir = SCRATCH / "ministack" / f"{os.getpid()}-{self.port}-{uuid.uuid4().hex[:6]}"
+        port = port or free_port()
+        self.tmpdir = SCRATCH / "ministack" / f"{os.getpid()}-{port}-{uuid.uuid4().hex[:6]}"
         self.tmpdir.mkdir(parents=True, exist_ok=True)
         # setpriv --pdeathsig: ministack gets SIGTERM if this process dies without stopping it.
         guard = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
         # -u: this process may point boto3 at moto (ministack's Lambdas get their own endpoint)
         # and Python at the layer's sources (they must import the built layer).
-        return [*guard, "env", "-u", "AWS_ENDPOINT_URL", "-u", "PYTHONPATH", f"GATEWAY_PORT={self.port}",
-                "BIND_HOST=127.0.0.1",
-                f"TMPDIR={self.tmpdir}", f"MINISTACK_REGION={REGION}", "LOG_LEVEL=WARNING",
-                "LAMBDA_EXECUTOR=local", *(f"{k}={v}" for k, v in CREDENTIALS.items()), str(binary)]
+        super().__init__([*guard, "env", "-u", "AWS_ENDPOINT_URL", "-u", "PYTHONPATH", f"GATEWAY_PORT={port}",
+                          "BIND_HOST=127.0.0.1", f"TMPDIR={self.tmpdir}", f"MINISTACK_REGION={REGION}",
+                          "LOG_LEVEL=WARNING", "LAMBDA_EXECUTOR=local", *(f"{k}={v}" for k, v in CREDENTIALS.items()),
+                          str(binary)], port, ready_timeout)
 
-    def _probe(self) -> bool:
-        return self._request("GET", "/_ministack/health", timeout=1.0, quiet=True)
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
-    def stop(self) -> None:
-        process = self._process
-        workers = _descendants(process.pid) if process is not None and process.poll() is None else []
-        self._signal(workers, signal.SIGTERM)  # its workers first: ministack stops them one by one
-        super().stop()
-        self._signal(workers, signal.SIGKILL)
-        if self.tmpdir is not None:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = None
+    def after_start_check(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoint_url}/_ministack/health", timeout=1.0) as reply:
+                return 200 <= int(reply.status) < 300
+        except OSError:
+            return False
 
-    @staticmethod
-    def _signal(processes: list[tuple[int, str]], signum: int) -> None:
-        for pid, stamp in processes:
-            if _start_time(pid) == stamp:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
+    def stop(self, *args: Any, **kwargs: Any) -> Self:
+        with contextlib.suppress(ProcessFinishedWithError):  # whatever code it exits with on SIGTERM
+            super().stop(*args, **kwargs)
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,16 +245,14 @@ def _failures(client: Callable[[str], Any], stack_name: str) -> str:
 
 def _apply_reserved_concurrency(client: Callable[[str], Any], functions: Mapping[str, str],
                                 parameters: Mapping[str, str]) -> None:
-    """ReservedConcurrentExecutions as the template resolves it with these parameters."""
-    from tools.template import Resolver, load_template
+    """ReservedConcurrentExecutions as the template resolves it with these parameters (moto's
+    CloudFormation keeps it: tools.template.resolve)."""
+    from tools.template import resolve
 
-    template = load_template(TEMPLATE)
-    resolver = Resolver(template, parameters=dict(parameters), region=REGION)
-    for logical_id, name in functions.items():
-        value = (template["Resources"].get(logical_id, {}).get("Properties") or {}).get("ReservedConcurrentExecutions")
-        reserved = resolver.resolve(value, f"Resources.{logical_id}.Properties.ReservedConcurrentExecutions")
-        if reserved is not None:
-            client("lambda").put_function_concurrency(FunctionName=name, ReservedConcurrentExecutions=int(reserved))
+    for logical_id, function in resolve(parameters).functions.items():
+        if function.reserved_concurrency is not None and logical_id in functions:
+            client("lambda").put_function_concurrency(FunctionName=functions[logical_id],
+                                                      ReservedConcurrentExecutions=int(function.reserved_concurrency))
 
 
 def _numeric_maximum_concurrency(client: Callable[[str], Any], functions: list[str]) -> None:
@@ -319,7 +290,7 @@ class DeployedStack(Stack):
         from sume_poller.clock import Clock
         from tools.services import RedisServer
         from tools.sume_sim import SumeSimulator
-        from tools.template import load_template
+        from tools.template import resolve
 
         require(SAM, ".venv-sam")
         require(MINISTACK, ".venv-ministack")
@@ -338,7 +309,8 @@ class DeployedStack(Stack):
         self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
         deployment = deploy(self.client, self.endpoint_url, self.stack_name, self.parameters, self.api_key)
         self.outputs, self.functions = deployment.outputs, deployment.functions
-        self.schedules = scheduled_functions(load_template(TEMPLATE), self.functions)
+        scheduled = resolve(self.parameters).schedules  # template order: fan-out before sweeps
+        self.schedules = [lid for lid in self.functions if lid in scheduled]
         self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
         self.sink = EventSink(self.client("sqs"), self.client("events"), self.parameters.get("EventBusName", "default"))
         groups = [log_group(self.client, function) for function in self.functions.values()]

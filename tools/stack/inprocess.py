@@ -1,9 +1,9 @@
 """InProcessStack: the template's handlers run in this process, on moto server, against a real
 redis-server and the Sume simulator. No deploy step; seconds to start.
 
-Starting it provisions the template's tables, queues and buckets in moto (tools.template),
-stores the Sume key as the SSM SecureString the template names, sets this process's environment
-to the functions' (Globals + each function's Environment, resolved with the stack's parameters)
+Starting it creates the template in moto (tools.template: the SAM transform, then CreateStack on
+the moto server), stores the Sume key as the SSM SecureString the template names, sets this
+process's environment to the functions' (as moto's Lambda reports each function's configuration)
 and loads each handler from the template. The stack then plays the two AWS parts that moto does
 not run: the SQS event source mapping of the poll function (:meth:`pump`, :meth:`deliver`:
 receive up to the mapping's BatchSize, invoke, delete what succeeded; DelaySeconds and the
@@ -51,9 +51,7 @@ from tools.stack.base import (
     JobTable,
     Stack,
     aws_clients,
-    deployed_functions,
     prune_stale,
-    scheduled_functions,
     stack_parameters,
     wait_until,
 )
@@ -166,7 +164,7 @@ class InProcessStack(Stack):
         from sume_poller.clock import Clock
         from tools.services import MotoServer, RedisServer
         from tools.sume_sim import SumeSimulator
-        from tools.template import load_template
+        from tools.template import load, translate
 
         self.clock = Clock(self.time_scale)
         self.api_key = "sume_local_" + uuid.uuid4().hex
@@ -181,8 +179,8 @@ class InProcessStack(Stack):
                                                      **self._sim_options))
         self.redis_url = self.redis_server.url
         self.client = aws_clients(self.moto.endpoint_url)
-        self.template = load_template(TEMPLATE)
         self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
+        self.translated = translate(load(TEMPLATE), self.parameters, REGION)
         saved = dict(os.environ)
         stack.callback(self._restore_environment, saved)
         self._capture_output(stack)
@@ -190,43 +188,26 @@ class InProcessStack(Stack):
         self.modules = {lid: self._load_handler(lid) for lid in self.specs}
 
     def _provision(self) -> None:
-        """Create the template's resources in moto and point the functions' environment at them."""
-        from tools.template import Resolver, TemplateError, function_spec, provision
+        """Create the template's stack in moto and point the functions' environment at it."""
+        from tools.template import create_stack
 
-        resolver = Resolver(self.template, parameters=self.parameters, region=REGION)
-        provision(self.template, resolver, self.moto.endpoint_url, REGION)
-        self.outputs = {}
-        for name, output in (self.template.get("Outputs") or {}).items():
-            if output.get("Condition") and not resolver.condition(output["Condition"]):
-                continue
-            try:
-                self.outputs[name] = str(resolver.resolve(output["Value"], f"Outputs.{name}"))
-            except TemplateError:
-                continue
-        self.specs = {lid: function_spec(self.template, lid, resolver)
-                      for lid in deployed_functions(self.template, resolver.condition)}
-        self.schedules = scheduled_functions(self.template, self.specs)
-        self.schedule_period = min((_rate_seconds(resolver.resolve(e["Properties"]["Schedule"], lid))
-                                    for lid in self.schedules
-                                    for e in self.template["Resources"][lid]["Properties"]["Events"].values()
-                                    if e.get("Type") in ("Schedule", "ScheduleV2")), default=60.0)
+        self.created = create_stack(self.client, self.translated, self.parameters)
+        self.outputs = self.created.outputs
+        self.specs = self.created.functions
+        order = list(self.specs)  # template order: fan-out before sweeps
+        self.schedules = sorted(self.created.schedules, key=order.index)
+        self.schedule_period = min((_rate_seconds(e) for e in self.created.schedules.values()), default=60.0)
         self._next_schedule = time.monotonic() + self.schedule_period
-        self.batch_size, self.queue_arn = self._poll_event_source(resolver)
+        mapping = self.created.mappings["PollFunction"]
+        self.batch_size, self.queue_arn = int(mapping["BatchSize"]), str(mapping["EventSourceArn"])
         self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
                                          Type="SecureString", Overwrite=True)
-        bus = str(resolver.parameter("EventBusName"))
+        bus = self.parameters.get("EventBusName", "default")
         if bus != "default":
             self.client("events").create_event_bus(Name=bus)
         self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
         self.sink = EventSink(self.client("sqs"), self.client("events"), bus)
         self._apply_environment()
-
-    def _poll_event_source(self, resolver: Any) -> tuple[int, str]:
-        """BatchSize and queue ARN of the poll function's SQS event, as the template resolves them."""
-        events = (self.template["Resources"]["PollFunction"]["Properties"].get("Events") or {}).values()
-        sqs = next(e for e in events if e.get("Type") == "SQS")
-        props = resolver.resolve(sqs["Properties"], "Resources.PollFunction.Properties.Events")
-        return int(props.get("BatchSize", 10)), str(props["Queue"])
 
     def _apply_environment(self) -> None:
         """One process runs every function: set the union of their variables (they must agree)."""
