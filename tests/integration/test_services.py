@@ -404,7 +404,7 @@ def test_the_project_template_is_created_in_moto_as_it_declares_its_resources(mo
         created.resources)
     # moto has no model for alarms: each is an SSM parameter holding its resolved properties
     assert created.types["DeadLetterAlarm"] == "AWS::CloudWatch::Alarm"
-    assert created.stubs["DeadLetterAlarm"]["Dimensions"] == [
+    assert created.properties["DeadLetterAlarm"]["Dimensions"] == [
         {"Name": "QueueName", "Value": created["PollDeadLetterQueue"].rsplit("/", 1)[1]}]
 
     ddb = aws_client("dynamodb", moto)
@@ -475,7 +475,7 @@ def test_stacks_get_unique_names_and_false_conditions_create_nothing(tmp_path: P
     s3 = aws_client("s3", moto)
     buckets = {bucket["Name"] for bucket in s3.list_buckets()["Buckets"]}
     assert {first["Files"], second["Files"]} <= buckets
-    assert first.stubs["Alarm"] == {"AlarmDescription": f"on {first['Main'].rsplit('/', 1)[1]}"}
+    assert first.properties["Alarm"] == {"AlarmDescription": f"on {first['Main'].rsplit('/', 1)[1]}"}
 
 
 def test_moto_reset_forgets_resources(tmp_path: Path, moto: MotoServer) -> None:
