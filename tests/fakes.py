@@ -145,7 +145,7 @@ class FakeBudget:
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
     def state(self) -> dict[str, float]:
-        return {"n": float(self.pending)}
+        return {"pending": float(self.pending)}
 
     def feedback(self, info: RateInfo) -> None:
         self.feedback_seen.append(info)

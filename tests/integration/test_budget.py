@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 import threading
+import uuid
 from collections import Counter
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from sume_poller.budget import Budget, LocalPacer, RateInfo, granted_per_window
+from sume_poller.budget import Budget, LocalPacer, RateInfo, granted_per_window, lane_burst
 from sume_poller.gate import ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
 
@@ -173,10 +176,10 @@ def test_a_slot_further_than_max_wait_is_refused_and_reserves_nothing(rdb: redis
     b = budget(rdb, clock, per_minute=30)
     while b.take(max_wait=0.0).now:
         pass
-    before = b.state()["tm"]
+    before = b.state()["minute_tat"]
     refused = b.take(max_wait=0.5)
     assert not refused.granted and refused.wait > 0.5
-    assert b.state()["tm"] == before
+    assert b.state()["minute_tat"] == before
 
 
 def test_a_429_pauses_every_reader_until_retry_after(rdb: redis.Redis, clock: VirtualClock) -> None:
@@ -207,7 +210,7 @@ def test_another_client_of_the_key_is_noticed_and_a_read_kept_in_reserve(rdb: re
         clock.advance(b.take().wait)
         assert b.take(mode="confirm", slot=clock()).now
     b.feedback(RateInfo(limit=120, remaining=40, reset=29.0))  # Sume says 40: someone else spent 5
-    assert b.state()["ox"] > clock() * 1000
+    assert b.state()["other_until"] > clock() * 1000
     b.feedback(RateInfo(limit=120, remaining=1, reset=20.0))
     assert b.take(mode="confirm", slot=clock()).wait >= 20.0 - 0.01  # the last read stays in reserve
 
@@ -298,10 +301,63 @@ def test_the_gate_claims_and_takes_in_one_script_and_skips_the_take_when_the_cla
     step = Step(token, 0, new_nonce())
     passage = gate.enter("job_g", step, Step(new_token(), 0, step.nonce), 60_000)
     assert passage.claim is Claim.OWN and passage.grant is not None and passage.grant.now
-    tat = b.state()["tm"]
+    tat = b.state()["minute_tat"]
     dup = Step(token, 0, new_nonce())
     refused = gate.enter("job_g", dup, Step(new_token(), 0, dup.nonce), 60_000)
     assert refused.claim is Claim.HELD and refused.grant is None
-    assert b.state()["tm"] == tat  # a refused claim spends no budget
+    assert b.state()["minute_tat"] == tat  # a refused claim spends no budget
     hop = gate.enter("job_h", step, Step(new_token(), 0, step.nonce), 60_000, mode="none")
     assert hop.claim is Claim.FRESH and hop.grant is None
+
+
+@given(limit=st.integers(min_value=1, max_value=600), share=st.sampled_from([0.0, 0.01, 0.05, 0.1, 0.25, 0.5]))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_python_mirrors_the_lua_minute_exactly(rdb: redis.Redis, limit: int, share: float) -> None:
+    """Where Python must preview the limiter (the outage pacer, fan-out's allowance, a sweep's
+    burst), it computes what the Lua grants: over ten minutes of reservations in an overload, the
+    line gets granted_per_window a minute; the lane grants lane_burst at once and no more."""
+    clock = VirtualClock()
+    b = Budget(rdb, f"t:prop:{uuid.uuid4().hex}:{{reads}}", limit, 0, clock, early=0.0)
+    if share:
+        b.open_lane(share, clock() + 3_600)
+    per = granted_per_window(limit, share)
+    slots = [b.take().wait for _ in range(12 * per)]
+    in_ten = [w for w in slots if 60.0 <= w < 660.0]
+    assert abs(len(in_ten) - 10 * per) <= 1, (len(in_ten), per)
+    if share:
+        burst = lane_burst(limit, share)
+        assert b.take("list", max_wait=0.0, count=burst).now
+        assert not b.take("list", max_wait=0.0).now
+
+
+def test_the_day_is_a_total_spent_at_the_minute_pace_while_it_keeps_its_reserve(rdb: redis.Redis,
+                                                                                clock: VirtualClock) -> None:
+    """2,000 reads a day, 5 pending jobs kept on a 900 s safety cadence: a morning's burst of demand
+    reads at the minute's pace - not at the day's average of 1.4 a minute - until what is left of
+    the day covers the reserve; then reads are spaced so that it lasts; the day never exceeds 2,000."""
+    clock.t = 1_800_000_000.0 - 1_800_000_000.0 % 86_400  # midnight, UTC
+    b = Budget(rdb, "t:day:{reads}", 120, 2_000, clock, early=0.0, reserve_every=900.0)
+    b.set_pending(5)  # the reserve: 5 jobs x 96 reads a day, plus 5 % for jobs to come: 580
+    first_hour = drive(b, clock, 3_600, step=0.25)
+    assert len(first_hour) >= 2_000 - 580, len(first_hour)  # an evenly spent day would give 83
+    rest = drive(b, clock, 86_400 - 3_600, step=5.0)
+    assert len(first_hour) + len(rest) <= 2_000
+    assert max(grants_per_window(first_hour + rest, 60).values()) <= 120
+    assert b.take(max_wait=0.0).day_left is not None
+
+
+def test_sume_s_day_window_teaches_when_the_day_ends_and_how_much_is_spent(rdb: redis.Redis,
+                                                                         clock: VirtualClock) -> None:
+    """Sume's reply describes its day window: 30 left, it resets in two hours. The limiter takes both:
+    of the 30, all but the floor kept for jobs to come over those two hours (1,000 x 5 % a day:
+    4.2) are spent, never more; when the window Sume named ends, a new day begins."""
+    b = Budget(rdb, "t:day2:{reads}", 120, 1_000, clock, early=0.0, reserve_every=0.0)
+    b.feedback(RateInfo(limit=1_000, remaining=30, reset=7_200.0, policy=((86_400, 1_000),)))
+    assert b.state()["day_reset"] == (clock() + 7_200.0) * 1000 and b.state()["day_used"] == 970
+    granted = 0
+    for _ in range(60):
+        granted += b.take(max_wait=0.0).now
+        clock.advance(1.0)
+    assert granted == 25, granted  # 30 less the floor's 4.2 over the two hours
+    clock.advance(7_200.0)
+    assert b.take(max_wait=0.0).now  # the window Sume named ended: a new day

@@ -34,7 +34,7 @@ NOW = 1_800_000_000.0
 
 def parts(client: object, mode: str = "standalone") -> tuple[LeaseStore, Budget, ReadGate]:
     lease = LeaseStore(client, "sume:poll:")
-    budget = Budget(client, "sume:poll:!budget:reads", 120, 10_000, lambda: NOW)
+    budget = Budget(client, "sume:poll:!budget:{reads}", 120, 10_000, lambda: NOW)
     return lease, budget, ReadGate(lease, budget, LocalPacer(0, 0, 1), cluster=mode == "cluster")
 
 
@@ -49,7 +49,7 @@ def cluster() -> Iterator[RedisCluster]:
 
 
 def test_a_refused_command_is_a_misconfiguration_and_a_lost_connection_an_outage(rdb: redis.Redis) -> None:
-    rdb.set("sume:poll:!budget:reads", "not a hash")  # WRONGTYPE for the budget's HMGET
+    rdb.set("sume:poll:!budget:{reads}", "not a hash")  # WRONGTYPE for the budget's HMGET
     _, budget, _ = parts(rdb)
     with pytest.raises(redis.ResponseError) as wrongtype:
         budget.take()

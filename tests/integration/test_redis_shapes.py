@@ -103,7 +103,7 @@ def test_the_lease_budget_and_gate_run_unchanged_in_cluster_mode(cluster: RedisC
     client = connect(RedisSettings(url=cluster.url, mode="cluster", secret_name=None))
     lease = LeaseStore(client, "c:lease:")
     now = [1_800_000_000.0]
-    budget = Budget(client, "c:lease:!budget:reads", 120, 10_000, lambda: now[0], early=0.0)
+    budget = Budget(client, "c:lease:!budget:{reads}", 120, 10_000, lambda: now[0], early=0.0)
     gate = ReadGate(lease, budget, LocalPacer(0, 0, 1), cluster=True)
     jobs = [f"job_{i}" for i in range(30)]
     tokens = {j: new_token() for j in jobs}
@@ -117,7 +117,7 @@ def test_the_lease_budget_and_gate_run_unchanged_in_cluster_mode(cluster: RedisC
         assert lease.rest(job_id, step, TTL)
     assert lease.hand_over("job_0", new_token(), TTL) == (tokens["job_0"], 2, None)
     assert lease.hand_over("job_0", new_token(), TTL) is None  # handed over already
-    assert budget.state()["tm"] > now[0] * 1000
+    assert budget.state()["minute_tat"] > now[0] * 1000
 
 
 def test_an_acl_user_from_secrets_manager_authenticates(aws: str) -> None:

@@ -1,43 +1,47 @@
 """The shared Sume budget: one limiter in Redis for every poller (reads) and submit (creates).
 
 Sume limits each API key per minute and per day (reads 120/min and 10,000/day, creates 10/min
-and 300/day by its docs). The limiter is GCRA (generic cell rate algorithm) with reservations,
-both windows at once, atomic in one Lua script on one hash key:
+and 300/day by its docs). One Lua script decides every request, atomically, on the budget's hash
+(and the sweeps' lane, a hash of its own in the same cluster slot). Its state is the table at the
+top of :data:`BUDGET_LUA`; the rules:
 
-* each window keeps a theoretical arrival time (TAT); a request gets the earliest *slot* both
-  windows allow. A poller that cannot read now learns its slot and re-queues its message for
-  that time (keeping its lease) - waiting jobs never wake up together and retry in a herd;
-* a window of ``W`` seconds and limit ``L`` grants at most ``L - 1`` in any span of ``W``
-  (``L`` below 20: ``L``), with a burst of ``L // 50``: Sume's own fixed windows never see more
-  than ``L`` even when our grants and its windows do not line up. An ``ahead`` request (a result
-  fetch of a job Sume finished) gets a slot one interval earlier than a plain request at the same
-  moment would - never past the window (the interval it may borrow is kept free:
-  ``L - L // 50 - 3`` grants per window, ``L - 2`` below 20);
-* the sweeps' *lane*: while the sweep function keeps it open (:meth:`Budget.open_lane`), a share
-  ``k`` of each window (``SweepReadSharePercent``) is kept for ``list`` reads - the line of chain and
-  result reads is spaced for ``k + 1`` fewer grants, and list reads have their own pair of TATs
-  allowing ``k`` per window with up to ``LANE_BURST + 1`` at once (a sweep's pages). However far
-  ahead chains have reserved slots, a sweep finds its reads free; when sweeps stop, the lane
-  closes by itself and chains get the whole budget back;
-* a result read of a job Sume finished outranks status reads: while status reads are reserved
-  further ahead than one interval, it takes the place of the next reserved one (that status
-  read's ``confirm`` then sends it to the back of the line; one place taken at a time, so even a
-  place nobody gives up costs at most the window's spare read, so limits below 20 do not do it),
-  so a budget saturated by status reads still serves known-finished jobs first;
-* a request may refuse a slot further than ``max_wait`` away (the schedule's ordering: a job
-  unlikely to be finished yet lets more promising ones read first) - then nothing is reserved;
-* feedback tightens it for everyone: ``RateLimit-Limit``/``RateLimit-Policy`` teach the real
-  limits, ``RateLimit-Remaining``/``-Reset`` what is left in Sume's window (so another client of
-  the same key is taken into account), a 429's ``Retry-After`` pauses every read until then, and
-  a rejected key pauses them key-wide;
-* a reserved slot is checked again when its message comes back (``confirm``): a pause or an
-  exhausted server window since then sends it to the back of the line. When Sume's remaining
-  count drops below what our own grants explain, another client spends the key: one read is then
-  kept in reserve at the end of each window, so its reads do not collect 429s for us.
+* **the minute is a pace** (GCRA, the generic cell rate algorithm, with reservations): a request
+  gets the earliest *slot* the window allows; one that cannot read now learns its slot and
+  re-queues its message for that time (keeping its lease), so waiting jobs never wake up together
+  and retry in a herd. A window of limit ``L`` grants ``L - L // 50 - 3`` a minute in a sustained
+  overload (``L - 2`` below 20: :func:`granted_per_window`), with a burst of ``L // 50``: Sume's own
+  fixed windows never see more than ``L`` even when our grants and its windows do not line up
+  (one spare read), and a read ``ahead`` of the line (a job known to be finished) may borrow an
+  interval without passing the window;
+* **the day is a total, not a pace**: reads run at the minute's pace while what is left of the
+  day window covers a reserve for the rest of it - the safety cadence of every pending job (one
+  read per ``reserve_every`` seconds each) plus a floor for jobs still to come (``DAY_FLOOR`` of
+  the day's budget, spread over it) - never more than an evenly spent day would keep. Once the
+  reserve binds, reads are spaced so that what is left lasts the day: ``used + 1 <= limit -
+  rate * (reset - t)``. The day window ends where Sume's ``RateLimit-Reset`` says when a reply
+  describes it, else at the UTC day's end; the day total is never exceeded (a grant that does not
+  fit is a slot in the next window);
+* **the sweeps' lane**: while the sweep function keeps it open (:meth:`Budget.open_lane`), a share
+  ``k`` of each minute (``SweepReadSharePercent``) is kept for ``list`` reads - the line of chain
+  and result reads is spaced for ``k + 1`` fewer grants, and list reads have their own GCRA
+  allowing ``k`` a minute with up to ``LANE_BURST + 1`` at once (a sweep's pages); the lane closes
+  by itself when sweeps stop;
+* **a result read goes first**: while status reads are reserved further ahead than one interval, a
+  result read of a job Sume finished takes the place of the next reserved one (whose ``confirm``
+  then sends it to the back of the line); one place at a time, so a place nobody gives up costs at
+  most the window's spare read (limits below 20 keep none, so they do not do it);
+* a request may refuse a slot further than ``max_wait`` away (the schedule's ordering) - nothing is
+  then reserved; a reserved slot is checked again when its message comes back (``confirm``);
+* **what Sume says tightens it for everyone**: ``RateLimit-Limit``/``-Policy`` teach the real
+  limits, ``-Remaining``/``-Reset`` what is left of Sume's window (one read is kept in reserve at
+  each window's end once Sume counts fewer left than our grants explain: another client spends
+  the key), a 429's ``Retry-After`` pauses every read until then, a refused key pauses them all.
 
 Times in Redis are clock milliseconds passed by the caller (:mod:`sume_poller.clock`), so tests
-and benchmarks can drive the limiter with a compressed clock. When Redis is down,
-:class:`LocalPacer` paces each container alone at its share of the budget (fail-safe).
+and benchmarks drive the limiter on a compressed clock. Python mirrors only the minute's
+arithmetic (:func:`granted_per_window`, :func:`lane_size`, :func:`lane_burst`); a property test
+holds the two to the same grants. While Redis is down :class:`LocalPacer` paces each container by
+the same two rules, alone, at its share.
 """
 
 from __future__ import annotations
@@ -53,43 +57,67 @@ from .redisconn import lua_locals, script_args
 
 #: List reads the sweeps' lane grants at once beyond the first (a sweep's pages).
 LANE_BURST = 8
+#: The day's reserve for jobs still to come: this share of the day budget, spread over the day.
+DAY_FLOOR = 0.05
+MINUTE, DAY = 60.0, 86_400.0
 
-#: Lua library. Hash fields: tm/td (TAT, minute/day), pz (429 pause until), au (key pause
-#: until), rm/rr (server's remaining reads and when its window resets), ox (another client of
-#: the key was seen spending until then: keep a read in reserve), lm/ld (learned limits), n
-#: (pending jobs, from fan-out), sa/sk (the sweeps' lane is open until, its share in per mille),
-#: sm/sd (the lane's TATs), db (reserved status reads whose place a result read took), ha (the
-#: next such result read's slot). All times clock ms.
-BUDGET_LUA = f"local LANE_BURST = {LANE_BURST}\n" + """
+BUDGET_LUA = f"local LANE_BURST, DAY_FLOOR = {LANE_BURST}, {DAY_FLOOR}\n" + """
+local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state outlives its last use by two days
+
+-- The budget hash (KEYS[1]), clock ms and counts:
+--   minute_tat        the minute's theoretical arrival time: the line's next slot plus the burst (GCRA)
+--   day_used          grants counted in the current day window
+--   day_next          grants reserved into the next day window
+--   day_reset         when the current day window ends (Sume's RateLimit-Reset, else the UTC day's end)
+--   pause_until       a 429's Retry-After: no slot before it
+--   key_pause_until   Sume refused the key: no slot before it
+--   sume_left         what Sume said is left in its window with the least left...
+--   sume_reset        ...and when that window resets
+--   other_until       another client was seen spending the key until then: one read kept in reserve
+--   learned_minute    limits Sume's headers taught, when below the configured ones
+--   learned_day
+--   pending           pending jobs as fan-out counted them (the day reserve's scale)
+--   owed              reserved status reads whose place a result read took (they go to the back)
+--   ahead_next        the slot of the next result read that takes a place
+-- The sweeps' lane (KEYS[2], the same cluster slot):
+--   open_until        the sweep function keeps it open (every tick)
+--   share             per mille of each minute kept for list reads
+--   minute_tat        the lane's own line, a minute's pace...
+--   day_tat           ...and the day's: the lane's share of the day, evenly (the line gets the rest)
+local FIELDS = {'minute_tat', 'day_used', 'day_next', 'day_reset', 'pause_until', 'key_pause_until', 'sume_left',
+                'sume_reset', 'other_until', 'learned_minute', 'learned_day', 'pending', 'owed', 'ahead_next'}
+
+local function load(key, fields)
+  local values, state = redis.call('HMGET', key, unpack(fields)), {}
+  for i, name in ipairs(fields) do state[name] = tonumber(values[i]) end
+  return state
+end
 
 local function limit_of(configured, learned)
   local limit = tonumber(configured)
-  local l = tonumber(learned)
-  if l and l > 0 and (limit == 0 or l < limit) then limit = l end
+  if learned and learned > 0 and (limit == 0 or learned < limit) then limit = learned end
   return limit
 end
 
--- reads of a window kept for list reads while the sweeps' lane is open (share in per mille)
+-- reads of a minute kept for list reads while the sweeps' lane is open (share in per mille)
 local function lane_size(limit, share)
   if share <= 0 or limit <= 0 then return 0 end
   return math.max(1, math.floor(limit * share / 1000))
 end
 
-local function window(configured, learned, span, share)
-  local limit = limit_of(configured, learned)
+-- the minute's interval and burst (ms) for chains and results: Python's granted_per_window
+local function minute_window(limit, share)
   if limit <= 0 then return 0, 0 end
   local burst = math.floor(limit / 50)
   local spare = (limit >= 20) and 1 or 0
   local k = lane_size(limit, share)
   if k > 0 then k = k + 1 end
-  local per = math.max(1, limit - burst - 2 - spare - k)
-  local t = span / per
+  local t = MINUTE / math.max(1, limit - burst - 2 - spare - k)
   return t, burst * t
 end
 
--- the lane: at most lane_size grants in any span, a sweep's pages in a burst
-local function lane_window(configured, learned, span, share)
-  local limit = limit_of(configured, learned)
+-- the lane's: at most lane_size of a window (a minute, a day), a sweep's pages in a burst
+local function lane_window(limit, share, span)
   local k = lane_size(limit, share)
   if k <= 0 then return 0, 0 end
   local b = math.min(LANE_BURST, k - 1)
@@ -97,154 +125,189 @@ local function lane_window(configured, learned, span, share)
   return t, b * t
 end
 
--- a granted slot: read now if it is this close (one read less left in Sume's window)
-local function granted(key, now, wait, early, rm, rr, pending, au, dl)
-  if wait <= early then
-    wait = 0
-    if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-  end
-  redis.call('PEXPIRE', key, 172800000)
-  return {1, wait, pending, (au > now) and 2 or 0, dl}
+-- the current day window (rolled forward when it ended): used, next, reset
+local function day_window(st, now)
+  local used, nxt, reset = st.day_used or 0, st.day_next or 0, st.day_reset or 0
+  if reset > now then return used, nxt, reset end
+  if reset <= 0 then return 0, 0, (math.floor(now / DAY) + 1) * DAY end
+  local windows = math.floor((now - reset) / DAY) + 1
+  if windows == 1 then used, nxt = nxt, 0 else used, nxt = 0, 0 end
+  return used, nxt, reset + windows * DAY
 end
 
--- reads the day window still grants over the next day (-1: no day limit): what a container may
--- spend a share of while Redis is down (LocalPacer)
-local function day_left(td, cfg_d, learned, share, now)
-  local t, tau = window(cfg_d, learned, 86400000, share)
-  if t <= 0 then return -1 end
-  return math.max(0, math.floor((now + 86400000 + tau - math.max(td, now)) / t))
+-- the day's reserve, grants per ms: every pending job's safety cadence and the floor for jobs to
+-- come, never more than an evenly spent day keeps
+local function reserve_rate(limit, pending, every_ms)
+  if pending < 0 and every_ms > 0 then return limit / DAY end  -- not counted yet: an evenly spent day
+  local rate = limit * DAY_FLOOR / DAY
+  if every_ms > 0 and pending > 0 then rate = rate + pending / every_ms end
+  return math.min(rate, limit / DAY)
 end
 
-local function budget_take(key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count)
+-- the earliest time n more grants fit a day window: used + n <= limit - rate * (reset - t); nil: full
+local function day_fits(limit, used, reset, rate, n)
+  if used + n > limit then return nil end
+  if rate <= 0 then return 0 end
+  return reset - (limit - used - n) / rate
+end
+
+-- what the day has left to spend now, beyond its reserve (-1: no day limit)
+local function day_left(limit, used, reset, rate, now)
+  if limit <= 0 then return -1 end
+  return math.max(0, math.floor(limit - used - rate * (reset - now)))
+end
+
+local function budget_take(key, lane_key, now, mode, max_wait, early, cfg_m, cfg_d, slot, count, every_ms)
   count = tonumber(count) or 1
-  local s = redis.call('HMGET', key, 'tm', 'td', 'pz', 'au', 'rm', 'rr', 'lm', 'ld', 'n', 'ox', 'sa', 'sk', 'sm', 'sd',
-                      'db', 'ha')
-  local tm, td = tonumber(s[1]) or 0, tonumber(s[2]) or 0
-  local pz, au = tonumber(s[3]) or 0, tonumber(s[4]) or 0
-  local rm, rr = tonumber(s[5]), tonumber(s[6]) or 0
-  local pending = tonumber(s[9]) or -1
-  local reserve = ((tonumber(s[10]) or 0) > now) and 1 or 0
-  local share = ((tonumber(s[11]) or 0) > now) and (tonumber(s[12]) or 0) or 0
-  local paused = math.max(pz, au)
-  local exhausted = rm ~= nil and rm <= reserve and now < rr
-  local owed = tonumber(s[15]) or 0
-  local dl = day_left(td, cfg_d, s[8], share, now)
-  if mode == 'confirm' or mode == 'rconfirm' then
+  local st = load(key, FIELDS)
+  local ln = load(lane_key, {'open_until', 'share', 'minute_tat', 'day_tat'})
+  local share = ((ln.open_until or 0) > now) and (ln.share or 0) or 0
+  local m_limit, d_limit = limit_of(cfg_m, st.learned_minute), limit_of(cfg_d, st.learned_day)
+  local lane_day = d_limit  -- the whole day's limit, for the lane's share of it
+  d_limit = d_limit - lane_size(d_limit, share)  -- the line's total: the day less the lane's share
+  local used, nxt, reset = day_window(st, now)
+  local pending = st.pending or -1
+  local rate = reserve_rate(d_limit, pending, every_ms)
+  local dl = day_left(d_limit, used, reset, rate, now)
+  local paused = math.max(st.pause_until or 0, st.key_pause_until or 0)
+  local key_paused = (st.key_pause_until or 0) > now
+  local sume_left, sume_reset = st.sume_left, st.sume_reset or 0
+  local exhausted = sume_left ~= nil and sume_left <= (((st.other_until or 0) > now) and 1 or 0) and now < sume_reset
+  local owed = st.owed or 0
+
+  local function answer(granted, wait)
+    if granted == 1 and wait <= early then
+      wait = 0  -- read now: one read less left in Sume's window
+      if sume_left ~= nil and now < sume_reset then redis.call('HSET', key, 'sume_left', sume_left - 1) end
+    end
+    if granted == 1 then redis.call('PEXPIRE', key, KEEP) end
+    return {granted, wait, pending, key_paused and 2 or (granted == 1 and 0 or 1), dl}
+  end
+
+  if mode == 'confirm' or mode == 'rconfirm' then  -- a reserved slot, counted when it was reserved
     if now >= paused and not exhausted and slot <= now + early then
-      if mode == 'confirm' and owed > 0 then
-        -- a result read took the place of a reserved status read: this one goes to the back
-        owed = owed - 1
-        redis.call('HSET', key, 'db', owed)
-      else
-        if rm ~= nil and now < rr then redis.call('HSET', key, 'rm', rm - 1) end
-        return {1, 0, pending, 0, dl}
-      end
+      if mode == 'rconfirm' or owed <= 0 then return answer(1, 0) end
+      redis.call('HSET', key, 'owed', owed - 1)  -- a result read took its place: to the back of the line
+      owed = owed - 1
     end
     mode = 'take'
   end
   if mode == 'list' and share <= 0 then mode = 'ahead' end  -- no lane open: ahead of the line
   local lane = (mode == 'list')
-  local fm, fd = 'tm', 'td'
-  local t_m, tau_m, t_d, tau_d
+  local tat, t, tau
   if lane then
-    fm, fd, tm, td = 'sm', 'sd', tonumber(s[13]) or 0, tonumber(s[14]) or 0
-    t_m, tau_m = lane_window(cfg_m, s[7], 60000, share)
-    t_d, tau_d = lane_window(cfg_d, s[8], 86400000, share)
+    tat, t, tau = ln.minute_tat or 0, lane_window(m_limit, share, MINUTE)
   else
-    t_m, tau_m = window(cfg_m, s[7], 60000, share)
-    t_d, tau_d = window(cfg_d, s[8], 86400000, share)
+    tat, t, tau = st.minute_tat or 0, minute_window(m_limit, share)
   end
-  if mode == 'ahead' then
-    -- A result read of a job Sume finished outranks every status read: while status reads are
-    -- reserved further than an interval ahead, it takes the place of the next one (that read's
-    -- confirm goes to the back of the line), result reads spaced like the line they replace.
-    -- One place at a time: until a confirm has given its place up, a result read that never
-    -- displaced anyone is one read more in its window - which the window's spare read covers
-    -- (only limits of 20 and more keep one).
-    local sat_m = t_m > 0 and tm - tau_m - t_m > now
-    local sat_d = t_d > 0 and td - tau_d - t_d > now
-    local spared = (not sat_m or limit_of(cfg_m, s[7]) >= 20) and (not sat_d or limit_of(cfg_d, s[8]) >= 20)
-    if (sat_m or sat_d) and spared then
-      local t = math.max(sat_m and t_m or 0, sat_d and t_d or 0)
-      if owed < 1 then
-        local at = math.max(now + t, tonumber(s[16]) or 0, paused)
-        if exhausted and at < rr then at = rr end
-        local wait = at - now
-        if max_wait >= 0 and wait > max_wait then
-          return {0, wait, pending, (au > now) and 2 or 1, dl}
-        end
-        redis.call('HSET', key, 'db', owed + 1, 'ha', at + t)
-        return granted(key, now, wait, early, rm, rr, pending, au, dl)
-      end
-    end
+
+  -- How far the line is reserved: by the minute's pace, or by the day's once its reserve binds.
+  local day_t = (d_limit > 0 and rate > 0) and 1 / rate or 0
+  local minute_full = t > 0 and tat - tau - t > now
+  local day_full = day_t > 0 and (day_fits(d_limit, used, reset, rate, 1) or math.huge) > now + day_t
+  local spare = (m_limit == 0 or m_limit >= 20) and (d_limit <= 0 or d_limit >= 20)
+  if mode == 'ahead' and (minute_full or day_full) and spare and owed < 1 then
+    -- the line is reserved further than an interval ahead: take the place of its next status read
+    -- (already counted in the day), spaced like that line; one place at a time
+    local step = math.max(minute_full and t or 0, day_full and day_t or 0)
+    local at = math.max(now + step, st.ahead_next or 0, paused)
+    if exhausted and at < sume_reset then at = sume_reset end
+    if max_wait >= 0 and at - now > max_wait then return answer(0, at - now) end
+    redis.call('HSET', key, 'owed', owed + 1, 'ahead_next', at + step)
+    return answer(1, at - now)
   end
-  -- otherwise 'ahead' goes one interval before the line of reserved slots
+
+  -- the minute's slot (an 'ahead' read one interval before the line), then the day's
   local ahead = (mode == 'ahead') and 1 or 0
   local at = math.max(now, paused)
-  if t_m > 0 then at = math.max(at, tm - tau_m - ahead * t_m + (count - 1) * t_m) end
-  if t_d > 0 then at = math.max(at, td - tau_d - ahead * t_d + (count - 1) * t_d) end
-  if exhausted and at < rr then at = rr end
-  local wait = at - now
-  if mode == 'peek' then return {0, wait, pending, (au > now) and 2 or 0, dl} end
-  if max_wait >= 0 and wait > max_wait then
-    return {0, wait, pending, (au > now) and 2 or 1, dl}
+  if t > 0 then at = math.max(at, tat - tau - ahead * t + (count - 1) * t) end
+  if exhausted and at < sume_reset then at = sume_reset end
+  local in_next, lane_t = false, 0
+  if lane then  -- the lane's share of the day, at its own even pace
+    local lane_tau
+    lane_t, lane_tau = lane_window(lane_day, share, DAY)
+    if lane_t > 0 then at = math.max(at, (ln.day_tat or 0) - lane_tau + (count - 1) * lane_t) end
+  elseif d_limit > 0 then
+    local fits = day_fits(d_limit, used, reset, rate, count)
+    if fits == nil or math.max(at, fits) >= reset then  -- this window is spent: the next one's
+      local next_fits = day_fits(d_limit, nxt, reset + DAY, rate, count)
+      if next_fits == nil then return answer(0, reset + DAY - now) end  -- both full: never past the total
+      at, in_next = math.max(at, reset, next_fits), true
+    else
+      at = math.max(at, fits)
+    end
   end
-  if t_m > 0 then tm = math.max(tm, at) + count * t_m end
-  if t_d > 0 then td = math.max(td, at) + count * t_d end
-  redis.call('HSET', key, fm, tm, fd, td)
-  return granted(key, now, wait, early, rm, rr, pending, au, dl)
+  local wait = at - now
+  if mode == 'peek' then return {0, wait, pending, key_paused and 2 or 0, dl} end
+  if max_wait >= 0 and wait > max_wait then return answer(0, wait) end
+  if t > 0 then
+    redis.call('HSET', lane and lane_key or key, 'minute_tat', math.max(tat, at) + count * t)
+  end
+  if lane_t > 0 then
+    redis.call('HSET', lane_key, 'day_tat', math.max(ln.day_tat or 0, at) + count * lane_t)
+  elseif d_limit > 0 and not lane then
+    if in_next then nxt = nxt + count else used = used + count end
+    redis.call('HSET', key, 'day_used', used, 'day_next', nxt, 'day_reset', reset)
+  end
+  return answer(1, wait)
 end
 """
 
-#: Lua: what Sume's reply said. ARGV: now, window ('m', 'd' or ''), remaining, reset ms,
-#: retry-after ms (-1: none), learned minute limit, learned day limit (-1: none), cfg_m, cfg_d.
-FEEDBACK_LUA = BUDGET_LUA + """
-local key, now = KEYS[1], tonumber(ARGV[1])
-local w, remaining, reset = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local retry, lm, ld = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-if lm > 0 then redis.call('HSET', key, 'lm', lm) end
-if ld > 0 then redis.call('HSET', key, 'ld', ld) end
-if retry >= 0 then
-  local pz = tonumber(redis.call('HGET', key, 'pz')) or 0
-  redis.call('HSET', key, 'pz', math.max(pz, now + retry))
+#: What Sume's reply said, by name (the feedback script's ARGV): ``window`` is "m", "d" or "" (which
+#: window the Limit/Remaining/Reset triple describes); -1 for what the reply did not say.
+FEEDBACK_ARGS = ("now_ms", "window", "remaining", "reset_ms", "retry_after_ms", "learned_minute", "learned_day",
+                 "per_minute", "per_day")
+
+FEEDBACK_LUA = BUDGET_LUA + lua_locals(FEEDBACK_ARGS) + """
+local key, lane_key, now = KEYS[1], KEYS[2], tonumber(now_ms)
+remaining, reset_ms, retry_after_ms = tonumber(remaining), tonumber(reset_ms), tonumber(retry_after_ms)
+if tonumber(learned_minute) > 0 then redis.call('HSET', key, 'learned_minute', learned_minute) end
+if tonumber(learned_day) > 0 then redis.call('HSET', key, 'learned_day', learned_day) end
+local st = load(key, FIELDS)
+if retry_after_ms >= 0 then
+  redis.call('HSET', key, 'pause_until', math.max(st.pause_until or 0, now + retry_after_ms))
 end
-if w ~= '' and remaining >= 0 then
-  local rm, rr = tonumber(redis.call('HGET', key, 'rm')), tonumber(redis.call('HGET', key, 'rr')) or 0
-  local span = (w == 'm') and 60000 or 86400000
-  if rm ~= nil and now < rr and now + reset < rr + span / 2 then
+if window ~= '' and remaining >= 0 then
+  local span = (window == 'm') and MINUTE or DAY
+  if st.sume_left ~= nil and now < (st.sume_reset or 0) and now + reset_ms < st.sume_reset + span / 2 then
     -- the same Sume window: what is left only goes down (replies of a batch arrive out of order)
-    if remaining < rm then
+    if remaining < st.sume_left then
       -- Sume counts fewer left than our own grants allow: another client spends this key
-      redis.call('HSET', key, 'ox', now + 600000, 'rm', remaining)
+      redis.call('HSET', key, 'other_until', now + 600000, 'sume_left', remaining)
     end
   else
-    redis.call('HSET', key, 'rm', remaining, 'rr', now + reset)
+    redis.call('HSET', key, 'sume_left', remaining, 'sume_reset', now + reset_ms)
   end
-  local field = (w == 'm') and 'tm' or 'td'
-  local learned = redis.call('HGET', key, (w == 'm') and 'lm' or 'ld')
-  local lane = redis.call('HMGET', key, 'sa', 'sk')
-  local share = ((tonumber(lane[1]) or 0) > now) and (tonumber(lane[2]) or 0) or 0
-  local t, tau = window((w == 'm') and ARGV[8] or ARGV[9], learned, (w == 'm') and 60000 or 86400000, share)
-  if t > 0 then
-    local tat = tonumber(redis.call('HGET', key, field)) or 0
-    redis.call('HSET', key, field, math.max(tat, now + reset + tau - remaining * t))
+  if window == 'm' then  -- what is left must last the minute: the line starts no earlier than that
+    local ln = load(lane_key, {'open_until', 'share'})
+    local share = ((ln.open_until or 0) > now) and (ln.share or 0) or 0
+    local t, tau = minute_window(limit_of(per_minute, st.learned_minute), share)
+    if t > 0 then
+      redis.call('HSET', key, 'minute_tat', math.max(st.minute_tat or 0, now + reset_ms + tau - remaining * t))
+    end
+  else  -- Sume's day window: when it ends, and how much of it is spent (by us and anyone else)
+    local limit = limit_of(per_day, st.learned_day)
+    local used, nxt = day_window(st, now)
+    local reset = now + reset_ms
+    if limit > 0 then used = math.max(used, limit - remaining) end
+    redis.call('HSET', key, 'day_used', used, 'day_next', nxt, 'day_reset', reset)
   end
 end
-redis.call('PEXPIRE', key, 172800000)
+redis.call('PEXPIRE', key, KEEP)
 return 1
 """
 
-#: A take's arguments (``budget_take``'s parameters after the key; the take script's ARGV).
-TAKE_ARGS = ("now_ms", "mode", "max_wait_ms", "early_ms", "per_minute", "per_day", "slot_ms", "count")
+#: A take's arguments (``budget_take``'s parameters after the keys; the take script's ARGV).
+TAKE_ARGS = ("now_ms", "mode", "max_wait_ms", "early_ms", "per_minute", "per_day", "slot_ms", "count", "every_ms")
 
 TAKE_LUA = BUDGET_LUA + lua_locals(TAKE_ARGS) + """
-return budget_take(KEYS[1], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms), per_minute,
-                   per_day, tonumber(slot_ms), tonumber(count))
+return budget_take(KEYS[1], KEYS[2], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms), per_minute,
+                   per_day, tonumber(slot_ms), tonumber(count), tonumber(every_ms))
 """
 
 
 def lane_size(limit: int, share: float) -> int:
-    """Reads of a window the sweeps' lane keeps (the Lua ``lane_size``; ``share`` a fraction)."""
+    """Reads of a minute the sweeps' lane keeps (the Lua ``lane_size``; ``share`` a fraction)."""
     permille = round(share * 1000)
     return 0 if permille <= 0 or limit <= 0 else max(1, limit * permille // 1000)
 
@@ -256,8 +319,8 @@ def lane_burst(limit: int, share: float) -> int:
 
 
 def granted_per_window(limit: int, share: float = 0.0) -> int:
-    """Grants per window to chains and result reads in a sustained overload, with the sweeps'
-    lane open at ``share`` or not (the same arithmetic as the Lua ``window``)."""
+    """Grants per minute to chains and result reads in a sustained overload, with the sweeps'
+    lane open at ``share`` or not (the Lua ``minute_window``)."""
     k = lane_size(limit, share)
     return max(1, limit - limit // 50 - 2 - (1 if limit >= 20 else 0) - (k + 1 if k else 0))
 
@@ -327,20 +390,29 @@ class RateInfo:
 
 
 class Budget:
-    """One budget (reads or creates) in a Redis hash, in clock time."""
+    """One budget (reads or creates): its hash and its lane's in Redis, in clock time. ``key``
+    carries a hash tag (``...{reads}``) so that in cluster mode the lane (``key + ":lane"``) lives
+    in the same slot. ``reserve_every``: the day reserve's safety cadence per pending job (clock
+    seconds; 0: none)."""
 
-    def __init__(self, client: Any, key: str, per_minute: int, per_day: int,
-                 now: Callable[[], float], early: float = 0.5, real_per_clock: float = 1.0) -> None:
+    def __init__(self, client: Any, key: str, per_minute: int, per_day: int, now: Callable[[], float],
+                 early: float = 0.5, real_per_clock: float = 1.0, reserve_every: float = 900.0) -> None:
         self._r = client
-        self.real_per_clock = real_per_clock
         self.key = key
+        self.lane_key = key + ":lane"
         self.per_minute = per_minute
         self.per_day = per_day
         self._now = now
         #: A slot this close (clock seconds) counts as now.
         self.early = early
+        self.real_per_clock = real_per_clock
+        self.reserve_every = reserve_every
         self._take = client.register_script(TAKE_LUA)
         self._feedback = client.register_script(FEEDBACK_LUA)
+
+    @property
+    def keys(self) -> list[str]:
+        return [self.key, self.lane_key]
 
     def clock_to_real(self, seconds: float) -> float:
         """Real seconds that ``seconds`` of the limiter's clock take."""
@@ -352,9 +424,10 @@ class Budget:
 
     @property
     def rate(self) -> float:
-        """Grants per clock second the configured budget sustains (inf when unlimited): what the
-        Lua ``window`` function spaces grants by."""
-        rates = [granted_per_window(n) / span for n, span in ((self.per_minute, 60), (self.per_day, 86_400)) if n > 0]
+        """Grants per clock second the configured budget sustains (inf when unlimited): the
+        minute's pace, or an evenly spent day where that is slower."""
+        rates = [granted_per_window(self.per_minute) / MINUTE] if self.per_minute > 0 else []
+        rates += [self.per_day / DAY] if self.per_day > 0 else []
         return min(rates) if rates else math.inf
 
     def take_values(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0,
@@ -363,7 +436,7 @@ class Budget:
         return {"now_ms": int(self._now() * 1000), "mode": mode,
                 "max_wait_ms": -1 if math.isinf(max_wait) else int(max_wait * 1000),
                 "early_ms": int(self.early * 1000), "per_minute": self.per_minute, "per_day": self.per_day,
-                "slot_ms": int(slot * 1000), "count": count}
+                "slot_ms": int(slot * 1000), "count": count, "every_ms": int(self.reserve_every * 1000)}
 
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         """Reserve the next slot (``mode``: "take", "confirm" a status read's slot at ``slot``,
@@ -372,17 +445,18 @@ class Budget:
         reserving nothing) - or ``count`` slots at once (a sweep's pages). One round trip."""
         if self.unlimited:
             return Grant(True, 0.0)
-        return Grant.from_reply(self._take(keys=[self.key],
-                                           args=script_args(TAKE_ARGS, self.take_values(mode, max_wait, slot, count))))
+        return Grant.from_reply(self._take(keys=self.keys, args=script_args(
+            TAKE_ARGS, self.take_values(mode, max_wait, slot, count))))
 
     def feedback(self, info: RateInfo) -> None:
         """Tell the limiter what Sume's reply said (one round trip)."""
         def ms(seconds: float | None) -> int:
             return -1 if seconds is None else int(seconds * 1000)
-        self._feedback(keys=[self.key], args=[
-            int(self._now() * 1000), info.window(), -1 if info.remaining is None else info.remaining,
-            ms(info.reset), ms(info.retry_after), info.learned(60) or -1, info.learned(86_400) or -1,
-            self.per_minute, self.per_day])
+        self._feedback(keys=self.keys, args=script_args(FEEDBACK_ARGS, {
+            "now_ms": int(self._now() * 1000), "window": info.window(),
+            "remaining": -1 if info.remaining is None else info.remaining, "reset_ms": ms(info.reset),
+            "retry_after_ms": ms(info.retry_after), "learned_minute": info.learned(60) or -1,
+            "learned_day": info.learned(86_400) or -1, "per_minute": self.per_minute, "per_day": self.per_day}))
 
     def lane_burst(self, share: float) -> int:
         """List reads the sweeps' lane grants at once under the configured limits."""
@@ -390,21 +464,20 @@ class Budget:
         return min(bursts) if bursts else LANE_BURST + 1
 
     def open_lane(self, share: float, until: float) -> None:
-        """Keep ``share`` of each window for list reads (mode "list") until clock time ``until``;
+        """Keep ``share`` of each minute for list reads (mode "list") until clock time ``until``;
         the sweep function calls it whenever it runs. One round trip."""
-        self._r.hset(self.key, mapping={"sa": int(until * 1000), "sk": round(share * 1000)})
+        self._r.hset(self.lane_key, mapping={"open_until": int(until * 1000), "share": round(share * 1000)})
 
     def pause_key(self, seconds: float) -> None:
         """Sume refused the key: no read until then (rotation resumes them)."""
-        until = int((self._now() + seconds) * 1000)
-        self._r.hset(self.key, "au", until)
+        self._r.hset(self.key, "key_pause_until", int((self._now() + seconds) * 1000))
 
     def set_pending(self, count: int) -> None:
-        self._r.hset(self.key, "n", count)
+        self._r.hset(self.key, "pending", count)
 
     def state(self) -> dict[str, float]:
-        raw = self._r.hgetall(self.key)
-        return {str(k): float(v) for k, v in raw.items()}
+        """The budget's hash, by the field names of :data:`BUDGET_LUA`'s table."""
+        return {str(k): float(v) for k, v in self._r.hgetall(self.key).items()}
 
 
 class LocalPacer:

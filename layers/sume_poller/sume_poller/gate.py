@@ -27,7 +27,7 @@ from typing import Any
 from .budget import BUDGET_LUA, TAKE_ARGS, Budget, Grant, LocalPacer, RateInfo
 from .lease import CLAIM_ARGS, CLAIM_LUA, Claim, LeaseStore, Step, new_nonce, new_token
 from .observability import logger
-from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, lua_locals, reconnect, script_args
+from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, lua_locals, reconnect, script_args, slow
 
 #: The lease key the cold-start probe uses (no job id starts with "!").
 PROBE = "!probe"
@@ -38,8 +38,8 @@ GATE_ARGS = CLAIM_ARGS + TAKE_ARGS
 GATE_LUA = CLAIM_LUA + BUDGET_LUA + lua_locals(GATE_ARGS) + """
 local c = lease_claim(KEYS[1], resting, claimed, token, tonumber(seq), fresh, tonumber(ttl_ms))
 if c ~= 1 or mode == 'none' then return {c} end
-local g = budget_take(KEYS[2], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms), per_minute,
-                      per_day, tonumber(slot_ms), tonumber(count))
+local g = budget_take(KEYS[2], KEYS[3], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms),
+                      per_minute, per_day, tonumber(slot_ms), tonumber(count), tonumber(every_ms))
 return {c, g[1], g[2], g[3], g[4], g[5]}
 """
 
@@ -81,7 +81,7 @@ class ReadGate:
                     return Passage(claim)
                 return Passage(claim, self._learn(self.budget.take(mode, max_wait, slot)))
             values = {**step.claim_values(fresh, ttl_ms), **self.budget.take_values(mode, max_wait, slot)}
-            reply = self._gate(keys=[self.lease.key(job_id), self.budget.key], args=script_args(GATE_ARGS, values))
+            reply = self._gate(keys=[self.lease.key(job_id), *self.budget.keys], args=script_args(GATE_ARGS, values))
         except RedisFailure as exc:
             return Passage(None, failure=self.failed(exc, "polling without the lease"))
         claim = Claim(int(reply[0]))
@@ -138,7 +138,8 @@ class ReadGate:
         """Log a Redis failure once, by kind; the signal to count."""
         kind = failure(exc)
         if kind == UNAVAILABLE:
-            self.breaker.trip()
+            if slow(exc):  # a refused connection fails at once: only timeouts are worth skipping
+                self.breaker.trip()
             reconnect(self.lease.client, exc)
             logger.warning(f"Redis unavailable: {consequence}", extra=describe(exc))
         else:
@@ -161,7 +162,7 @@ class ReadGate:
             self.lease.claim(PROBE, step, step, 5_000)
         else:
             values: dict[str, Any] = {**step.claim_values(step, 5_000), **self.budget.take_values("none")}
-            self._gate(keys=[self.lease.key(PROBE), self.budget.key], args=script_args(GATE_ARGS, values))
+            self._gate(keys=[self.lease.key(PROBE), *self.budget.keys], args=script_args(GATE_ARGS, values))
         if not self.budget.unlimited:
             self.budget.take("peek")
         self.lease.release(PROBE, step.claimed)

@@ -75,6 +75,12 @@ def failure(exc: BaseException) -> str:
     return MISCONFIGURED  # ResponseError and the rest: NOPERM, MOVED, CROSSSLOT, WRONGTYPE, Lua errors
 
 
+def slow(exc: BaseException) -> bool:
+    """A failure that cost its caller a timeout (a Redis that does not answer, rather than one that
+    refuses the connection at once)."""
+    return isinstance(exc, RedisTimeoutError) or "timeout" in str(exc).lower() or "timed out" in str(exc).lower()
+
+
 def describe(exc: BaseException) -> dict[str, str]:
     """Log fields of a Redis failure: its class, and Redis's own message for a refused command
     (Redis's messages name commands and keys, never a password)."""
@@ -211,9 +217,10 @@ class ColdStartCheck:
 
 
 class Breaker:
-    """After Redis failed to connect, callers skip it for ``open_for`` real seconds: a container
-    does not wait for a dead Redis's timeouts on every message of an outage, and finds it again
-    within that time once it is back."""
+    """After Redis timed out, callers skip it for ``open_for`` real seconds: a container does not
+    wait for a dead Redis's timeouts on every message of an outage, and finds it again within that
+    time once it is back. (A refused connection costs nothing to retry: it does not trip it, so no
+    message of a container goes without the lease once Redis answers again.)"""
 
     def __init__(self, open_for: float = 2.0, now: Callable[[], float] = time.monotonic) -> None:
         self.open_for = open_for

@@ -247,6 +247,9 @@ class BudgetSettings(Group):
     #: Poll invocations that may run at once: the local pacing while Redis is down divides the
     #: budget by it, so every container together stays inside the budget.
     max_concurrency: int = setting("POLL_MAX_CONCURRENCY", 5, 1, 1_000)
+    #: The day's reserve: one read per pending job per this many clock seconds (the safety
+    #: cadence of chains where bulk discovery covers their kind) is kept for the rest of the day.
+    reserve_every: float = setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,7 +152,7 @@ class Sweeper:
     def _why_not(self, state: dict[str, str], now: float) -> str | None:
         if state.get("route", "ok") != "ok" and now < float(state.get("route_until", 0)):
             return f"list route {state['route']} until {float(state['route_until']):.0f}"
-        pending = self.budget.state().get("n", 0.0)
+        pending = self.budget.state().get("pending", 0.0)
         cost = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
         if pending / cost < MIN_JOBS_PER_READ:
             return f"{pending:.0f} pending jobs for {cost} list reads: chains are cheaper"

@@ -43,8 +43,8 @@ def redis_client(settings: RedisSettings) -> Any:
 
 def reads_budget(client: Any, prefix: str, budget: BudgetSettings, common: Common) -> Budget:
     clock = common.clock
-    return Budget(client, f"{prefix}!budget:reads", budget.reads_per_minute, budget.reads_per_day, clock.now,
-                  early=clock.from_real(0.5), real_per_clock=clock.scale)
+    return Budget(client, f"{prefix}!budget:{{reads}}", budget.reads_per_minute, budget.reads_per_day, clock.now,
+                  early=clock.from_real(0.5), real_per_clock=clock.scale, reserve_every=budget.reserve_every)
 
 
 def read_gate(lease: LeaseStore, budget: Budget, settings: RedisSettings, budgets: BudgetSettings,

@@ -20,8 +20,9 @@ def parts() -> tuple[Submitter, ColdStartCheck]:
     s = SubmitSettings.from_env(os.environ)
     client = redis_client(s.redis)
     clock = s.common.clock
-    creates = Budget(client, f"{s.redis.key_prefix}!budget:creates", s.budget.creates_per_minute,
-                     s.budget.creates_per_day, clock.now, early=clock.from_real(0.5), real_per_clock=clock.scale)
+    creates = Budget(client, f"{s.redis.key_prefix}!budget:{{creates}}", s.budget.creates_per_minute,
+                     s.budget.creates_per_day, clock.now, early=clock.from_real(0.5), real_per_clock=clock.scale,
+                     reserve_every=0.0)
     lease = LeaseStore(client, s.redis.key_prefix)
     store = JobStore(s.common.jobs_table, s.jobs.pending_shards)
     pacer = LocalPacer(s.budget.creates_per_minute, s.budget.creates_per_day, s.budget.max_concurrency, clock.now)
