@@ -109,3 +109,36 @@ def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStac
     assert reply["statusCode"] == 202 and json.loads(reply["body"])["queued"] is False
     assert stack.queue_depth() == 0
     assert sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids) == reads
+
+
+def deliver(stack: InProcessStack, job_id: str, event: str, event_id: str, **data: Any) -> dict[str, Any]:
+    """A signed delivery of ``<type>.<event>`` for ``job_id``, through the webhook handler."""
+    body = json.dumps({"id": event_id, "type": f"video_generation.{event}",
+                       "data": {"job_id": job_id, **data}}).encode()
+    stamp = str(int(stack.clock.now()))
+    signature = "v1=" + hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
+    reply = stack.invoke("WebhookFunction", {"headers": {"X-Sume-Event-Id": event_id, "X-Sume-Timestamp": stamp,
+                                                         "X-Sume-Signature": signature}, "body": body.decode()})
+    return dict(reply)
+
+
+def test_a_ready_delivery_goes_straight_to_the_result_and_a_failed_one_is_recorded_without_a_read(
+        stack: InProcessStack) -> None:
+    """A verified delivery is Sume's signed word: ``*.ready`` costs one read (the result), a
+    ``*.failed`` none at all; a ``*.ready`` that came too soon (the result route has nothing yet)
+    sends the job back to its chain, which fetches the result once it is there."""
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.0})
+    done = submit(stack, 4, {"duration": 60, "hints": False}, kind="video")
+    failed = submit(stack, 3, {"duration": 60, "hints": False, "outcome": "failed"}, kind="video")
+    early = submit(stack, 2, {"duration": 240, "hints": False}, kind="video")
+    for job_id in early:  # as if Sume had sent it before the job was done
+        assert deliver(stack, job_id, "ready", f"evt_early_{job_id}", status="completed")["statusCode"] == 202
+    run(stack, done + failed + early, timeout=60)
+    check(stack, done + early, scenario="webhook: ready delivered (also too soon)", expected="completed")
+    check(stack, failed, scenario="webhook: failed delivered", expected="failed")
+    jobs = stack.sim.stats()["jobs"]
+    assert {j for j in done + failed if stack.record(j)["found_by"] == "webhook"}, found_by(stack, done + failed)
+    assert all(jobs[j]["result_reads"] == 2 for j in early)  # the one too soon, then the result
+    assert all(stack.record(j)["result_json"] for j in early)  # type: ignore[index]
+    by_hook = [j for j in failed if stack.record(j)["found_by"] == "webhook"]  # type: ignore[index]
+    assert by_hook and all(stack.record(j)["error"]["code"] for j in by_hook)  # type: ignore[index]

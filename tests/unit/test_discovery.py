@@ -174,9 +174,11 @@ class Hooks:
                                         lease=self.lease, queue=self.queue, handover_ttl_real=60)  # type: ignore[arg-type]
 
     def deliver(self, job_id: str, event_id: str = "evt_1", *, at: float | None = None, secret: str = SECRET,
-                body: bytes | None = None) -> tuple[int, dict[str, object]]:
-        raw = body if body is not None else json.dumps({"id": event_id, "type": "video_generation.ready",
-                                                        "data": {"job_id": job_id, "status": "completed"}}).encode()
+                body: bytes | None = None, event: str = "ready",
+                data: dict[str, object] | None = None) -> tuple[int, dict[str, object]]:
+        raw = body if body is not None else json.dumps({"id": event_id, "type": f"video_generation.{event}",
+                                                        "data": {"job_id": job_id, "status": "completed",
+                                                                 **(data or {})}}).encode()
         stamp = str(int(at if at is not None else self.clock.now()))
         answer = self.receiver.handle({"X-Sume-Event-Id": event_id, "X-Sume-Timestamp": stamp,
                                        "X-Sume-Signature": signature(secret, stamp, raw)}, raw)
@@ -188,13 +190,26 @@ def hooks() -> Hooks:
     return Hooks()
 
 
-def test_a_signed_delivery_queues_a_status_read_now_and_never_trusts_the_body(hooks: Hooks) -> None:
-    hooks.store.put_pending("job_w", "video", now=hooks.clock.now(), deadline_at=int(hooks.clock.now()) + 60)
-    hooks.lease.values["job_w"] = "ab" * 16 + ":2"
-    assert hooks.deliver("job_w")[0] == 202
-    msg = parse_message(hooks.queue.sent[0].body)
-    assert (msg.seq, msg.phase, msg.found_by, msg.outcome) == (3, "status", "webhook", None)
-    assert hooks.deliver("job_w") == (200, {"duplicate": True}) and len(hooks.queue.sent) == 1
+def test_a_signed_delivery_is_sume_s_word_a_ready_job_goes_to_its_result_read_a_failed_one_is_recorded(
+        hooks: Hooks) -> None:
+    """Verified, a delivery is trusted like a per-job read: ``*.ready`` hands the waiting chain to
+    its result read (one read), ``*.failed`` to a step that records the failure the body carries
+    (no read), any other type to a status read."""
+    now = hooks.clock.now()
+    for job_id in ("job_r", "job_f", "job_o"):
+        hooks.store.put_pending(job_id, "video", now=now, deadline_at=int(now) + 60)
+        hooks.lease.values[job_id] = "ab" * 16 + ":2"
+    assert hooks.deliver("job_r")[0] == 202
+    assert hooks.deliver("job_f", "evt_2", event="failed",
+                         data={"status": "canceled", "error": {"code": "user_canceled", "message": "x"}})[0] == 202
+    assert hooks.deliver("job_o", "evt_3", event="progress")[0] == 202
+    ready, failed, other = (parse_message(m.body) for m in hooks.queue.sent)
+    assert (ready.seq, ready.phase, ready.found_by) == (3, "result", "webhook")
+    assert ready.outcome == {"status": "completed", "sume_status": "completed", "source": "webhook"}
+    assert failed.outcome == {"status": "canceled", "sume_status": "canceled", "source": "webhook",
+                              "error": {"code": "user_canceled", "message": "x"}}
+    assert (other.phase, other.outcome) == ("status", None)
+    assert hooks.deliver("job_r") == (200, {"duplicate": True}) and len(hooks.queue.sent) == 3
 
 
 @pytest.mark.parametrize(("case", "expected"), [("forged", 401), ("replayed", 401), ("oversized", 413),

@@ -257,18 +257,28 @@ def test_a_job_a_list_called_completed_whose_result_is_not_there_goes_back_to_it
     assert rig.sume.reads("result") == 1 and rig.sume.reads("status") == 1
 
 
-def test_a_failure_a_list_or_webhook_reported_is_recorded_only_after_the_jobs_status_says_so(rig: Rig) -> None:
+def test_a_failure_a_list_reported_is_recorded_only_after_the_jobs_status_says_so(rig: Rig) -> None:
     msg = rig.submit()
-    for source, job_status, expected in (("list", status("running"), "pending"),
-                                         ("webhook", done("failed", error={"code": "x"}), "failed")):
+    for job_status, expected in ((status("running"), "pending"), (done("failed", error={"code": "x"}), "failed")):
         rig.sume.status["job_a"] = [job_status]
-        # a message from before this release: a failure outcome in the result phase
         handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="sweep", token=msg.token,
-                          outcome={"status": "failed", "sume_status": "failed", "source": source})
+                          outcome={"status": "failed", "sume_status": "failed", "source": "list"})
         rig.lease.values["job_a"] = f"{msg.token}:1*"
         rig.run(handed)
         assert rig.store.records["job_a"]["status"] == expected
     assert rig.sume.reads("status") == 2 and rig.store.records["job_a"]["found_by"] == "sweep"
+
+
+def test_a_failure_a_signed_webhook_stated_is_recorded_without_a_read_or_a_slot(rig: Rig) -> None:
+    msg = rig.submit()
+    handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="webhook", seen_terminal_at=rig.clock.now(),
+                      outcome={"status": "canceled", "sume_status": "canceled", "source": "webhook",
+                               "error": {"code": "user_canceled", "message": "canceled by its owner"}})
+    rig.lease.values["job_a"] = f"{msg.token}:1*"
+    out = rig.run(handed)
+    record = rig.store.records["job_a"]
+    assert out.status == "canceled" and rig.sume.calls == [] and rig.budget.takes == 0
+    assert record["error"]["code"] == "user_canceled" and record["found_by"] == "webhook"
 
 
 def test_a_result_over_the_maximum_is_recorded_completed_without_it(rig: Rig) -> None:

@@ -140,9 +140,9 @@ class Poller:
         if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             return self._requeue(run, due=now, name="out_of_time")
         facts = chain.outcome or {}
+        if chain.phase == RESULT_PHASE and facts.get("status") != "completed" and facts.get("source") == "webhook":
+            return self._finish(run, str(facts["status"]), facts.get("error"))  # Sume's signed word: no read
         if chain.phase == RESULT_PHASE and (facts.get("status") != "completed" or facts.get("result_ready") is False):
-            # A failure a list or webhook reported is confirmed by the job's status read; a result
-            # Sume said is not ready is waited for on the status.
             run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
             return self._read_status(run)
         return self._fetch_result(run) if chain.phase == RESULT_PHASE else self._read_status(run)
@@ -214,7 +214,7 @@ class Poller:
             return self._finish(run, "completed", stored.pop("error", None), result=stored)
         if isinstance(reply, Refused) and reply.why in ("key", "forbidden"):
             return self._refused(run, reply)
-        if reply.http_status in (404, 409, 425):  # not there (yet): Sume may say so with any of them
+        if reply.http_status in (404, 409, 425):  # not there (yet): Sume may say it with any of them
             return self._result_not_there(run, reply, now)
         if isinstance(reply, Refused):
             return self._finish(run, "completed", {"code": reply.code or f"http_{reply.http_status}",

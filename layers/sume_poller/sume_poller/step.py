@@ -50,8 +50,9 @@ def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin
     due = min(msg.due_at, float(msg.deadline_at))
     hop = due - now if due - now > HOP_TOLERANCE else None
     ttl = clock.to_real(min(hop, max_delay)) + margin_real if hop else float(claim_ttl_real)
-    if hop:
-        mode = "none"
+    facts = msg.outcome or {}
+    if hop or (msg.phase == RESULT_PHASE and facts.get("source") == "webhook" and facts.get("status") != "completed"):
+        mode = "none"  # a hop reads nothing; nor does recording a failure a signed webhook stated
     elif msg.slot_at is not None:
         mode = "rconfirm" if msg.phase == RESULT_PHASE else "confirm"
     else:

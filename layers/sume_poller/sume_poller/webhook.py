@@ -3,9 +3,13 @@
 Sume documents webhooks for some endpoints only (``webhook_url`` on create): events
 ``*.ready``/``*.failed`` with ``X-Sume-Event-Id``, ``X-Sume-Timestamp`` (unix seconds) and
 ``X-Sume-Signature: v1=<hex>``, the hex being HMAC-SHA256 of ``"{timestamp}.{raw body}"`` with
-the integration's signing secret. Deliveries can repeat and can be lost, so polling stays the
-source of truth and the body's status is never trusted: a verified delivery hands the job's
-waiting chain over to a step due now (:meth:`LeaseStore.hand_over`), which reads Sume at once.
+the integration's signing secret. A delivery whose signature, timestamp and event id check out is
+Sume's own statement, signed with the secret only Sume and this deployment hold, so it is trusted
+like a per-job read: it hands the job's waiting chain over (:meth:`LeaseStore.hand_over`) to a step
+due now that, for ``*.ready``, reads the result at once (one read - should the result route say it
+has none, the job goes back to a status read, once), and for ``*.failed`` records the failure the
+body carries without a read. Any other event type gets a status read. Deliveries can repeat and
+can be lost: polling stays the safety net, on the safety cadence, for the lost ones.
 
 Answers: 202 accepted (a chain step was queued, or the job needs nothing), 200 a duplicate event
 id, 400 malformed, 401 a bad signature or a timestamp outside the tolerance (a replay), 413 a body
@@ -26,9 +30,9 @@ from typing import Any
 
 from .clock import Clock
 from .coverage import CoverageStore
-from .jobs import InvalidJobId, validate_job_id
+from .jobs import InvalidJobId, canonical_terminal_status, validate_job_id
 from .lease import LeaseStore, new_token
-from .messages import PollMessage
+from .messages import RESULT_PHASE, PollMessage
 from .observability import logger
 from .queue import Outgoing, PollQueue
 from .redisconn import RedisFailure, describe
@@ -97,7 +101,7 @@ class WebhookReceiver:
                 self.coverage.webhook_arrived(self.clock.now())
         if self._seen(event_id):
             return Answer(200, {"duplicate": True})
-        queued = self._read_now(job_id)
+        queued = self._hand_over(job_id, str(payload.get("type") or ""), payload.get("data") or {})
         self._remember(event_id)
         logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
         return Answer(202, {"job_id": job_id, "queued": queued})
@@ -112,11 +116,11 @@ class WebhookReceiver:
         except RedisFailure as exc:
             logger.warning("webhook event id not remembered", extra=describe(exc))
 
-    def _read_now(self, job_id: str) -> bool:
-        """Queue a status read of the job now, in place of its chain's waiting step."""
+    def _hand_over(self, job_id: str, event_type: str, data: dict[str, Any]) -> bool:
+        """Hand the job's waiting chain over to a step due now that acts on what Sume said."""
         record = self.store.get(job_id)
         if record is None or record.get("status") != "pending":
-            return False  # not ours, or already finished: nothing to read
+            return False  # not ours, or already finished: nothing to do (no read, no second event)
         now = self.clock.now()
         held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms, now=now, scale=self.clock.scale,
                                     margin_ms=self.margin_ms)
@@ -130,7 +134,28 @@ class WebhookReceiver:
                               due_at=round(due, 3), token=held.token, seq=held.seq, slot_at=held.slot,
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
                               profile=record.get("profile"), found_by="webhook")
+        outcome = said(event_type, data)
+        if outcome is not None:
+            message = message.next(phase=RESULT_PHASE, outcome=outcome, seen_terminal_at=now)
         if self.queue.send([Outgoing(job_id, message.to_json(), due - now)]):
             self.lease.release(job_id, f"{held.token}:{held.seq}*")  # the chain's waiting step takes over
             raise RuntimeError("the poll queue refused the message; Sume will deliver the webhook again")
         return True
+
+
+def said(event_type: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """What a verified delivery states: ``*.ready`` a completed job whose result is ready,
+    ``*.failed`` a failure (its status and the error the body carries); None for any other type."""
+    status = data.get("status") if isinstance(data.get("status"), str) else None
+    if event_type.endswith(".ready"):
+        return {"status": "completed", "sume_status": (status or "completed").lower()[:64], "source": "webhook"}
+    if not event_type.endswith(".failed"):
+        return None
+    canonical = canonical_terminal_status(status or "failed")
+    if canonical == "completed":  # a ".failed" event naming a success: not a statement to act on
+        return None
+    raw = data.get("error")
+    error = {k: str(raw[k])[:300] for k in ("code", "message") if isinstance(raw, dict) and raw.get(k)} or {
+        "code": canonical, "message": f"Sume's webhook: the job {status or canonical}"}
+    return {"status": canonical, "sume_status": (status or canonical).lower()[:64], "error": error,
+            "source": "webhook"}
