@@ -145,7 +145,12 @@ class FakeBudget:
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
     def state(self) -> dict[str, float]:
-        return {"pending": float(self.pending)}
+        return {"pending": float(self.pending), **({"oldest_pending": self.oldest} if self.oldest else {})}
+
+    oldest: float | None = None
+
+    def set_oldest_pending(self, submitted: float) -> None:
+        self.oldest = submitted
 
     def feedback(self, info: RateInfo) -> None:
         self.feedback_seen.append(info)
@@ -348,7 +353,7 @@ class FakeCoverage:
         self.fields: dict[str, str] = {}
         self.found_at: dict[str, dict[str, float]] = defaultdict(dict)
 
-    def found(self, kind: str, job_id: str, at: float) -> None:
+    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None) -> None:
         self.found_at[kind][job_id] = at
 
     def state(self) -> dict[str, str]:
@@ -363,7 +368,9 @@ class FakeCoverage:
     def fail_status(self, status: str, retry_at: float) -> None:
         self.update(**{f"unfiltered:{status}": retry_at}, healthy_until=0)
 
-    def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float) -> dict[str, tuple[int, int]]:
+    def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float,
+              created_after: float | None = None) -> dict[str, tuple[int, int]]:
+        self.judged_created_after = created_after
         verdicts = {}
         for kind in {*listed, *self.found_at}:
             found = self.found_at[kind]

@@ -20,7 +20,10 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     report = wiring.sweeper(context.get_remaining_time_in_millis).run()
     # Every tick emits every sweep metric (zeros when it skipped), so an alarm on them sees data
     # points, not gaps, and a skipped sweep reads as "nothing wrong" rather than "no data".
+    # Each sweep's cost (list reads) beside what it saved: a hand-over saves at least the status read
+    # that would have found the job finished.
     for name, value in (("SweepReads", report.reads), ("SweepHandedOver", report.handed_over),
+                        ("SweepReadsSaved", report.handed_over),
                         ("SweepIncomplete", int(report.ran and not report.complete)),
                         ("SweepRouteBroken", int((report.incomplete_reason or "").startswith("route"))),
                         ("SweepMiss", sum(missed for _, missed in report.coverage.values()))):

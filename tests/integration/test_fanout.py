@@ -64,7 +64,8 @@ def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_tw
         store.put_pending(f"done_{i}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
         store.record_terminal(f"done_{i}", Ending("failed"), now=NOW)
     reports = [tick(parts).report for _ in range(4)]
-    assert reports[0].outbox_sent == 3  # the outbox first, every tick (it costs no read)
+    assert reports[0].outbox_sent == 3  # the outbox first (it costs no read)...
+    assert reports[1].outbox_sent == 0 and reports[1].outbox_backing_off == 3  # ...then after doubling waits
     per_tick = [r.started for r in reports]
     per_minute = granted_per_window(25)  # 25/min less burst, spare and the read-ahead interval
     assert per_tick[:3] == [per_minute] * 3 and sum(per_tick) == 70  # per 60 s tick
@@ -72,6 +73,8 @@ def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_tw
     assert {j: n for j, n in sent.items() if j.startswith("job_") and n != 1} == {}
     assert len([j for j in sent if j.startswith("job_")]) == 70
     assert reports[3].round_complete and reports[0].pending_counted == 70
+    budget: Budget = parts["budget"]  # type: ignore[assignment]
+    assert budget.state()["oldest_pending"] == int(NOW)  # how far back sweeps need to page
 
 
 def test_a_job_whose_chain_runs_without_its_lease_is_left_to_it(parts: dict[str, object]) -> None:

@@ -228,3 +228,34 @@ def test_a_delivery_for_a_job_already_finished_or_not_ours_reads_nothing(hooks: 
     hooks.store.put_pending("job_t", "video", now=hooks.clock.now(), deadline_at=int(hooks.clock.now()) + 60)
     hooks.store.records["job_t"]["status"] = "completed"
     assert hooks.deliver("job_t", event_id="evt_2")[0] == 202 and hooks.queue.sent == []
+
+
+def dated(job_id: str, status: str, created: float) -> dict[str, object]:
+    return {"id": job_id, "status": status, "created_at": created}
+
+
+def test_pages_newest_created_first_stop_at_the_oldest_pending_submission(parts: Parts) -> None:
+    """No job of ours was created before the oldest pending job's submission (fan-out's last round
+    said when, less a margin): a list that comes newest-created first stops paging there - history
+    does not make a sweep dearer - and the sweep judges only the finds it could have listed."""
+    now = parts.clock.now()
+    parts.budget.oldest = now - 600
+    parts.pending("job_new")
+    pages = [Listing((dated("job_new", "completed", now - 100), dated("job_old1", "completed", now - 400)), "c1", True),
+             Listing((dated("job_old2", "completed", now - 900), dated("job_old3", "completed", now - 5_000)), "c2", True)]
+    parts.sume.listing = [*pages, page(), page(), page()]  # a third completed page is never asked for
+    report = parts.sweeper().run()
+    assert report.complete and report.handed_over == 1
+    assert report.reads == 2 + 3  # completed stopped at its 2nd page (created 900 s ago < 600 + 60)
+    assert parts.coverage.judged_created_after == pytest.approx(now - 600 - 60)
+
+
+def test_pages_out_of_created_order_are_read_to_the_end(parts: Parts) -> None:
+    now = parts.clock.now()
+    parts.budget.oldest = now - 600
+    pages = [Listing((dated("job_a", "completed", now - 5_000), dated("job_b", "completed", now - 100)), "c1", True),
+             Listing((dated("job_c", "completed", now - 9_000),), "c2", True),
+             Listing((dated("job_d", "completed", now - 200),), None, True)]
+    parts.sume.listing = [*pages, page(), page(), page()]
+    report = parts.sweeper().run()
+    assert report.complete and report.reads == 3 + 3 and parts.coverage.judged_created_after is None

@@ -77,6 +77,7 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   learned_minute    limits Sume's headers taught, when below the configured ones
 --   learned_day
 --   pending           pending jobs as fan-out counted them (the day reserve's scale)
+--   oldest_pending    the oldest pending job's submission (clock s), as fan-out's last full round saw it
 --   owed              reserved status reads whose place a result read took (they go to the back)
 --   ahead_next        the slot of the next result read that takes a place
 -- The sweeps' lane (KEYS[2], the same cluster slot):
@@ -474,6 +475,11 @@ class Budget:
 
     def set_pending(self, count: int) -> None:
         self._r.hset(self.key, "pending", count)
+
+    def set_oldest_pending(self, submitted: float) -> None:
+        """The oldest pending job's submission (fan-out, on each full round of the pending index):
+        sweeps page back no further."""
+        self._r.hset(self.key, "oldest_pending", submitted)
 
     def state(self) -> dict[str, float]:
         """The budget's hash, by the field names of :data:`BUDGET_LUA`'s table."""

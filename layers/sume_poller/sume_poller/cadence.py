@@ -67,7 +67,7 @@ class Cadence:
         if self.coverage is None or not self.s.discovery.sweeps:
             return None
         try:
-            self.coverage.store.found(chain.kind, chain.job_id, now)
+            self.coverage.store.found(chain.kind, chain.job_id, now, chain.submitted_at)
         except RedisFailure as exc:
             logger.warning("a chain's find was not kept for sweeps to judge", extra=describe(exc))
             return failure(exc)

@@ -29,6 +29,7 @@ sweeps stop proving anything.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,12 +81,14 @@ class CoverageStore:
         return f"{self.prefix}!sweeps:found:{kind}"
 
     # -- chains ---------------------------------------------------------------------------------
-    def found(self, kind: str, job_id: str, at: float) -> None:
-        """A chain found this job terminal itself: the next complete sweeps must list it. Trims the
-        kind's set to its bounds in the same round trip (one key: cluster mode runs it as is)."""
+    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None) -> None:
+        """A chain found this job terminal itself: the next complete sweeps must list it (the member
+        carries the job's submission time: a sweep that stopped paging at a creation time judges only
+        the finds it could have listed). Trims the kind's set to its bounds in the same round trip
+        (one key: cluster mode runs it as is)."""
         key = self.found_key(kind)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(key, {job_id: at})
+        pipe.zadd(key, {job_id if submitted is None else f"{job_id}|{int(submitted)}": at})
         pipe.zremrangebyscore(key, "-inf", f"({at - FOUND_MAX_AGE}")
         pipe.zremrangebyrank(key, 0, -FOUND_MAX - 1)
         pipe.pexpire(key, int(FOUND_MAX_AGE * 1000))
@@ -114,17 +117,22 @@ class CoverageStore:
     def update(self, **fields: Any) -> None:
         self.client.hset(self.key, mapping={k: str(v) for k, v in fields.items()})
 
-    def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float) -> dict[str, tuple[int, int]]:
+    def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float,
+              created_after: float | None = None) -> dict[str, tuple[int, int]]:
         """After a complete sweep that started at ``swept_from``: per kind, (covered, missed)
-        among the jobs chains reported. ``listed``: kind -> job ids this sweep listed."""
+        among the jobs chains reported. ``listed``: kind -> job ids this sweep listed. A sweep that
+        stopped paging at a creation time (``created_after``) judges only finds submitted after it
+        (the others wait for a sweep that reaches them, or their set's bounds)."""
         kinds = sorted(KINDS | set(listed))
         pipe = self.client.pipeline(transaction=False)
         for kind in kinds:
             pipe.zrangebyscore(self.found_key(kind), "-inf", "+inf", withscores=True)
         verdicts: dict[str, tuple[int, int]] = {}
         for kind, found in zip(kinds, pipe.execute(), strict=True):
-            hits = [j for j, _ in found if j in listed.get(kind, set())]
-            misses = [j for j, at in found if j not in listed.get(kind, set()) and at < swept_from - lag]
+            seen = listed.get(kind, set())
+            judged = [(m, at) for m, at in found if created_after is None or _submitted(m) >= created_after]
+            hits = [m for m, _ in judged if _job(m) in seen]
+            misses = [m for m, at in judged if _job(m) not in seen and at < swept_from - lag]
             if hits or misses:
                 self.client.zrem(self.found_key(kind), *hits, *misses)
             if misses:
@@ -145,6 +153,16 @@ class CoverageStore:
         """The route does not filter by this status as assumed: sweeps leave it out until
         ``retry_at`` (proving nothing meanwhile), and every kind returns to the normal schedule."""
         self.update(**{f"unfiltered:{status}": retry_at}, healthy_until=0)
+
+
+def _job(member: str) -> str:
+    return member.partition("|")[0]
+
+
+def _submitted(member: str) -> float:
+    """A find's submission time (-inf when it was kept without one: never judged by a bounded sweep)."""
+    _, sep, at = member.partition("|")
+    return float(at) if sep and at.isdigit() else -math.inf
 
 
 class CoverageView:

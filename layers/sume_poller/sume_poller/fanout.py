@@ -69,10 +69,12 @@ class FanOutReport:
 
 @dataclass
 class Cursor:
-    """Where the last tick stopped in the pending partitions, kept in Redis between ticks."""
+    """Where the last tick stopped in the pending partitions, kept in Redis between ticks, and the
+    oldest submission seen so far in this round of them."""
 
     shard: int = 0
     key: dict[str, Any] | None = None
+    oldest: float | None = None
 
 
 class FanOut:
@@ -134,7 +136,9 @@ class FanOut:
             return Cursor()
         try:
             data = json.loads(raw)
-            return Cursor(int(data["shard"]) % self.s.jobs.pending_shards, data.get("key"))
+            oldest = data.get("oldest")
+            return Cursor(int(data["shard"]) % self.s.jobs.pending_shards, data.get("key"),
+                          float(oldest) if isinstance(oldest, int | float) else None)
         except (ValueError, KeyError, TypeError):
             logger.warning("fan-out cursor unreadable; starting a new round")
             return Cursor()
@@ -204,6 +208,8 @@ class FanOut:
                 self.report.pages += 1
                 now = self.clock.now()
                 valid = self._valid(items)
+                cursor.oldest = min([cursor.oldest or math.inf, *(float(j["submitted_at"]) for j in valid
+                                                                   if isinstance(j.get("submitted_at"), int | float))])
                 jobs = [j for j in valid if float(j.get("chain_due_at") or 0) <= now]
                 self.report.skipped_unleased_chain += len(valid) - len(jobs)
                 room = starts - self.report.started  # at least one start is left here
@@ -218,8 +224,16 @@ class FanOut:
                     break
             cursor.shard = (cursor.shard + 1) % shards
             cursor.key = None
-            self.report.round_complete = self.report.round_complete or cursor.shard == 0
+            if cursor.shard == 0:  # a whole round of the pending index: its oldest submission is known
+                self.report.round_complete = True
+                self._oldest_pending(cursor.oldest)
+                cursor.oldest = None
         self._save_cursor(cursor)
+
+    def _oldest_pending(self, oldest: float | None) -> None:
+        """Tell the sweeps how far back a job of ours can be (none pending: now)."""
+        with contextlib.suppress(*RedisFailure):
+            self.budget.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
         """Start a chain for each job whose lease is free (one pipelined round trip); its first

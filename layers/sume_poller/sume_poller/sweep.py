@@ -14,7 +14,12 @@ are not documented, so a sweep assumes nothing it has not checked:
   meanwhile, so every kind is on the normal schedule; ``SweepRouteBroken`` and its alarm);
 * pages are read until the reply says there are no more (a cursor field that comes back empty),
   or - when items carry ``updated_at`` and it never increases down the pages - until they reach
-  back past the previous complete sweep (minus the list's lag allowance). A full page without a
+  back past the previous complete sweep (minus the list's lag allowance), or - when items carry
+  ``created_at`` and it never increases down the pages (newest created first, checked on every
+  page) - until they reach back past the oldest pending job's submission (less a margin): no job
+  of ours is older (fan-out learns that submission on each full round of the pending index, and
+  none is older than ``JobMaxAgeSeconds`` anyway). Such a sweep judges coverage only on the
+  chains' finds it could have listed. A full page without a
   usable cursor, a cursor that comes back again, a failed page read (5xx, garbage) or reaching the
   page cap makes the sweep *incomplete*: it handed over what it saw but proves nothing;
 * a 404/400 on the route (or garbage) marks it broken and a 403 forbidden, for an hour: sweeps
@@ -99,6 +104,7 @@ class SweepSettings:
     lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)
     safety_margin_ms: int = 3_000
     read_share: float = 0.1  # of each budget window, kept for list reads (the lane)
+    max_age: float = 86_400.0  # JobMaxAgeSeconds: no pending job was submitted longer ago
 
 
 class Sweeper:
@@ -118,6 +124,8 @@ class Sweeper:
         self.margin_ms = int(margin_real * 1000)
         self.report = SweepReport()
         self.tick = settings.period
+        self._created_floor = -math.inf
+        self._created_bound_used = False
         self._prepaid = 0  # list reads reserved at once when the sweep started
 
     # -- whether to sweep ---------------------------------------------------------------------------
@@ -177,6 +185,11 @@ class Sweeper:
         listed: dict[str, set[str]] = {}
         watermarks: dict[str, float] = {}
         complete = True
+        budget = self.budget.state()
+        # No job of ours was created before this (less a margin for the two clocks and the list's lag).
+        oldest = float(budget.get("oldest_pending") or started - self.s.max_age)
+        self._created_floor = max(oldest, started - self.s.max_age) - max(self.s.lag, 60.0)
+        self._created_bound_used = False
         for status in STATUSES:
             if started < float(state.get(f"unfiltered:{status}", 0)):
                 complete = self._incomplete(f"status={status} left out: the route did not filter by it")
@@ -189,7 +202,8 @@ class Sweeper:
                 break
         self.report.complete = complete
         if complete:
-            self.report.coverage = self.coverage.judge(listed, started, self.s.lag)
+            self.report.coverage = self.coverage.judge(
+                listed, started, self.s.lag, created_after=self._created_floor if self._created_bound_used else None)
         useful = self.report.handed_over or any(hits for hits, _ in self.report.coverage.values())
         # A sweep the budget stopped proved nothing either way: it does not count as idle.
         idle = 0 if useful else int(state.get("idle", 0)) + (self.report.incomplete_reason != BUDGET_BUSY)
@@ -210,6 +224,8 @@ class Sweeper:
         newest: float | None = None
         last_seen: float | None = None
         monotone = True
+        created_last: float | None = None
+        created_order = True  # newest created first, on every page so far
         for page in range(self.s.max_pages):
             if self.remaining_ms() < self.s.safety_margin_ms:
                 return self._incomplete("out of time"), newest
@@ -237,6 +253,11 @@ class Sweeper:
                 newest = t if newest is None else max(newest, t)
                 monotone = monotone and (last_seen is None or t <= last_seen)
                 last_seen = t
+            for item in reply.items:
+                created = _timestamp(item.get("created_at"))
+                created_order = created_order and created is not None and (
+                    created_last is None or created <= created_last)
+                created_last = created if created is not None else created_last
             stray = _stray(reply.items, status)
             if stray is not None:
                 logger.error(f"the list route does not filter status={status}: sweeps leave it out, chains keep "
@@ -248,6 +269,9 @@ class Sweeper:
                 return True, newest
             if monotone and last_seen is not None and watermark and last_seen < watermark - self.s.lag:
                 return True, newest  # the rest is older than the previous complete sweep saw
+            if created_order and created_last is not None and created_last < self._created_floor:
+                self._created_bound_used = True
+                return True, newest  # the rest was created before any job of ours that is pending
             if not reply.has_cursor:
                 if len(reply.items) < PAGE_SIZE:
                     return True, newest

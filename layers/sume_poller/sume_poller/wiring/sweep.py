@@ -32,6 +32,7 @@ def sweeper(remaining_ms: Callable[[], int]) -> Sweeper:
     """A sweep for one invocation (its parts are built once per container)."""
     s, sweep_parts, check = parts()
     checked(check)
-    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100),
+    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100,
+                                 max_age=float(s.jobs.max_age)),
                    s.common.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
                    margin_real=s.lease.margin, **sweep_parts)
