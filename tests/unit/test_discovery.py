@@ -241,8 +241,9 @@ def test_pages_newest_created_first_stop_at_the_oldest_pending_submission(parts:
     now = parts.clock.now()
     parts.budget.oldest = now - 600
     parts.pending("job_new")
-    pages = [Listing((dated("job_new", "completed", now - 100), dated("job_old1", "completed", now - 400)), "c1", True),
-             Listing((dated("job_old2", "completed", now - 900), dated("job_old3", "completed", now - 5_000)), "c2", True)]
+    first = (dated("job_new", "completed", now - 100), dated("job_old1", "completed", now - 400))
+    second = (dated("job_old2", "completed", now - 900), dated("job_old3", "completed", now - 5_000))
+    pages = [Listing(first, "c1", True), Listing(second, "c2", True)]
     parts.sume.listing = [*pages, page(), page(), page()]  # a third completed page is never asked for
     report = parts.sweeper().run()
     assert report.complete and report.handed_over == 1
