@@ -11,7 +11,8 @@ Figures (column "ratio" is the number the target applies to):
             duplicate delivery / fan-out ticks over live chains / crashing invocations
   2         Redis round trips per poll (server-side), vs redis-py's Lock
   3         one 10-message batch / one Sume read (200 ms), vs Powertools' batch processors
-  4         poll function cold start / floor (import boto3, redis, urllib3 + 2 clients); layer size
+  4         every function's cold start / floor (import boto3, redis, urllib3 + 2 clients), side by
+            side in one run (poll's is the target); layer size
   5a/5b/5c  fan-out: SendMessageBatch calls / minimum, Redis round trips / pages, throughput / raw loop
   6         end to end, the template deployed into ministack (tools.stack's deployed backend)
   7         the learned read schedule: reads and delays vs static / optimum, and under a binding budget
@@ -56,7 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=3, help="concurrent poll invocations in figure 1")
     p.add_argument("--crash-lease-seconds", type=int, default=5,
                    help="lease margin, claim and start TTL in 1c (1a/1b use the function's settings)")
-    p.add_argument("--cold-runs", type=int, help="fresh interpreters per side in figure 4 (default 9, --quick 5)")
+    p.add_argument("--cold-runs", type=int,
+                   help="rounds in figure 4, each a fresh interpreter of the floor and of every function "
+                        "(default 9, --quick 5)")
     p.add_argument("--fanout-jobs", type=int, default=500, help="N pending jobs in figure 5")
     p.add_argument("--fanout-leased", type=int, default=100, help="K of them holding a live lease")
     p.add_argument("--e2e-jobs", type=int, help="submissions in figure 6 (default 100, --quick 40)")
