@@ -305,8 +305,10 @@ class MotoServer(Service):
     def __init__(self, port: int | None = None, ready_timeout: float = READY_TIMEOUT_S) -> None:
         port = port or free_port()
         main = "from tools.services import speed_up_moto; speed_up_moto(); from moto.server import main; main()"
+        # A queue may be purged again within 60 s: the in-process stack empties its queues so on every reset.
+        env = {**os.environ, "MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR": "false"}
         super().__init__([sys.executable, "-c", main, "-H", "127.0.0.1", "-p", str(port)], port, ready_timeout,
-                         cwd=str(ROOT))
+                         cwd=str(ROOT), env=env)
 
     @property
     def endpoint_url(self) -> str:
