@@ -21,6 +21,7 @@ import pytest
 from tools.local_invoke import (
     TIMEOUT_EXIT_CODE,
     apply_env_vars,
+    functions,
     invoke_subprocess,
     make_context,
     parse_parameter_overrides,
@@ -246,8 +247,15 @@ def app_dir(tmp_path: Path) -> Path:
 
 
 def run_cli(
-    *args: str, stdin: str | None = None, env: dict[str, str] | None = None
+    *args: str, stdin: str | None = None, env: dict[str, str] | None = None, overrides: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The CLI on the template given with -t/--template, resolved in this process first with
+    ``overrides`` (moto is imported here already; a fresh process takes seconds to import it):
+    the CLI finds the functions in its cache, as on every `make invoke` after the first."""
+    template = Path(args[args.index("-t" if "-t" in args else "--template") + 1])
+    child_env = {**os.environ, **(env or {})}
+    region = child_env.get("AWS_REGION") or child_env.get("AWS_DEFAULT_REGION") or "us-east-1"
+    functions(template, overrides or {}, region)
     return subprocess.run(
         [sys.executable, "-m", "tools.local_invoke", *args],
         cwd=ROOT,
@@ -255,7 +263,7 @@ def run_cli(
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, **(env or {})},
+        env=child_env,
         check=False,
     )
 
@@ -294,7 +302,7 @@ def test_cli_env_vars_parameter_overrides_and_stdin_event(app_dir: Path) -> None
     result = run_cli(
         "Fn", "-e", "-", "--env-vars", str(env_file), "--template", str(app_dir / "template.yaml"),
         "--parameter-overrides", "Greeting=bonjour", "ParameterKey=FnTimeout,ParameterValue=9",
-        stdin='{"from": "stdin"}',
+        stdin='{"from": "stdin"}', overrides={"Greeting": "bonjour", "FnTimeout": "9"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
