@@ -267,15 +267,17 @@ def measure(runs: int = 7) -> list[Row]:
     poll.notes.append(f"each ratio = median of {runs} per-round ratios (a round: the floor and the five functions, "
                       f"one fresh interpreter each, the order rotating); medians: floor {floor.cpu * 1000:.0f} ms "
                       "CPU, " + ", ".join(f"{n} {t[n].cpu * 1000:.0f} ms" for n in FUNCTIONS))
-    poll.notes.append(f"build {where}; the layer as sam build ships it (no python3.13 here: no .pyc, compiled on "
-                      "every cold start, as on Lambda's read-only /opt); tracing off; Redis refused (the check "
-                      f"returns); wall time: floor {floor.wall * 1000:.0f} ms, "
+    layer_python = Path(launches["poll"].paths[1])
+    shipped = ("with python3.13's .pyc files, which this host's Python cannot load: it compiles the sources"
+               if any(layer_python.rglob("*.pyc")) else "without .pyc (no python3.13 at build time): compiled on "
+               "every cold start, as on Lambda's read-only /opt")
+    poll.notes.append(f"build {where}; the layer as sam build ships it, {shipped}; tracing off; Redis refused "
+                      f"(the check returns); wall time: floor {floor.wall * 1000:.0f} ms, "
                       + ", ".join(f"{n} {t[n].wall * 1000:.0f} ms" for n in FUNCTIONS))
     extra = beyond_floor(launches["poll"], launches[FLOOR_NAME])
     poll.notes.append(f"poll's imports beyond the floor (-X importtime, own time, median of 3): "
                       f"{sum(ms for _, ms in extra):.0f} ms - "
                       + ", ".join(f"{name} {ms:.0f}" for name, ms in extra[:8]))
-    layer_python = Path(launches["poll"].paths[1])
     compiled = [launches["poll"].paths[0], str(_precompiled_copy(layer_python))]
     diag_runs = max(3, runs // 2)
     pyc = _rounds([launches[FLOOR_NAME], launches["poll"]], diag_runs, {"poll": compiled, FLOOR_NAME: compiled})
