@@ -1,4 +1,4 @@
-"""Operator commands for a deployed sume-poller stack (``make status``, ``make redrive``).
+"""Operator commands for a deployed sume-poller stack (``make status``, ``make models``, ``make redrive``).
 
     python -m tools.ops status  [--stack NAME] [--config-env default|dev|prod]
     python -m tools.ops models  [--stack NAME] [--config-env ...]
@@ -29,7 +29,6 @@ import sys
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,9 @@ from botocore.exceptions import ClientError
 from sume_poller.clock import Clock
 from sume_poller.durations import MIN_OBSERVATIONS
 from sume_poller.models import ModelCache
-from sume_poller.store import STATS_PREFIX, JobStore, from_item
+from sume_poller.store import STATS_PREFIX
+from tools.stack.base import ROOT, JobTable, queue_depth
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Error codes of an endpoint that does not know StartMessageMoveTask (ministack; moto answers 500).
 UNSUPPORTED = {"InvalidAction", "UnsupportedOperation", "NotImplemented", "500"}
 
@@ -51,11 +50,9 @@ class OpsError(RuntimeError):
 
 def default_stack_name(config_env: str, samconfig: Path = ROOT / "samconfig.toml") -> str:
     """``stack_name`` of ``config_env`` in samconfig.toml (global, then deploy parameters)."""
-    config = tomllib.loads(samconfig.read_text(encoding="utf-8")) if samconfig.exists() else {}
-    env = config.get(config_env, {})
+    env = (tomllib.loads(samconfig.read_text(encoding="utf-8")) if samconfig.exists() else {}).get(config_env, {})
     for command in ("global", "deploy"):
-        name = env.get(command, {}).get("parameters", {}).get("stack_name")
-        if name:
+        if name := env.get(command, {}).get("parameters", {}).get("stack_name"):
             return str(name)
     raise OpsError(f"no stack_name for config environment {config_env!r} in {samconfig.name}: give --stack")
 
@@ -67,30 +64,25 @@ def clients() -> Callable[[str], Any]:
 
     session: Any = boto3.session.Session()
     if os.environ.get("AWS_ENDPOINT_URL"):
-        region = session.region_name or "us-east-1"
-        if session.get_credentials() is None:
-            session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                            region_name=region)
-        else:
-            session = boto3.session.Session(region_name=region)
+        dummy = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+        session = boto3.session.Session(region_name=session.region_name or "us-east-1",
+                                        **(dummy if session.get_credentials() is None else {}))
     client: Callable[[str], Any] = session.client
     return client
 
 
-@dataclass
 class StackView:
-    name: str
-    outputs: dict[str, str]
-    parameters: dict[str, str]
+    """A deployed stack's outputs and parameters, as CloudFormation describes it."""
 
-    @classmethod
-    def read(cls, cfn: Any, name: str) -> StackView:
+    def __init__(self, cfn: Any, name: str) -> None:
         try:
             described = cfn.describe_stacks(StackName=name)["Stacks"][0]
         except ClientError as error:
             raise OpsError(f"stack {name}: {error.response['Error'].get('Message', error)}") from error
-        return cls(name, {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])},
-                   {p["ParameterKey"]: p.get("ParameterValue", "") for p in described.get("Parameters", [])})
+        self.name = name
+        self.outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+        self.parameters = {p["ParameterKey"]: p.get("ParameterValue", "") for p in described.get("Parameters", [])}
+        self.clock = Clock(float(self.parameters.get("TimeScale") or 1))  # the stack's clock (1 on AWS)
 
     def output(self, key: str) -> str:
         if key not in self.outputs:
@@ -98,62 +90,24 @@ class StackView:
         return self.outputs[key]
 
 
-@dataclass
-class Status:
-    by_status: Counter[str] = field(default_factory=Counter)
-    oldest_pending: dict[str, Any] | None = None
-    queue_depth: int = 0
-    dlq_depth: int = 0
-
-    @property
-    def pending(self) -> int:
-        return self.by_status["pending"]
-
-
-def _depth(sqs: Any, url: str) -> int:
-    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=[
-        "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed"])["Attributes"]
-    return sum(int(v) for v in attrs.values())
-
-
-def read_status(view: StackView, ddb: Any, sqs: Any) -> Status:
-    status = Status()
-    kwargs: dict[str, Any] = {"TableName": view.output("JobsTableName"),
-                              "ProjectionExpression": "job_id, #s, kind, submitted_at",
-                              "ExpressionAttributeNames": {"#s": "status"}}
-    while True:
-        reply = ddb.scan(**kwargs)
-        for record in map(from_item, reply.get("Items", [])):
-            if str(record["job_id"]).startswith("#"):  # per-profile statistics, not jobs
-                continue
-            status.by_status[str(record.get("status"))] += 1
-            oldest = status.oldest_pending
-            if record.get("status") == "pending" and (
-                    oldest is None or record.get("submitted_at", 0) < oldest.get("submitted_at", 0)):
-                status.oldest_pending = record
-        if not reply.get("LastEvaluatedKey"):
-            break
-        kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
-    status.queue_depth = _depth(sqs, view.output("PollQueueUrl"))
-    status.dlq_depth = _depth(sqs, view.output("PollDeadLetterQueueUrl"))
-    return status
-
-
-def render_status(view: StackView, status: Status) -> str:
-    lines = [f"stack {view.name} (table {view.output('JobsTableName')})", f"pending            {status.pending}"]
-    oldest = status.oldest_pending
-    if oldest is not None and "submitted_at" in oldest:
-        clock = Clock(float(view.parameters.get("TimeScale") or 1))  # the stack's clock (1 on AWS)
+def status(view: StackView, ddb: Any, sqs: Any) -> str:
+    """Counts by status, the oldest pending job, the depths of the poll queue and its DLQ."""
+    records = JobTable(ddb, view.output("JobsTableName")).scan(["status", "kind", "submitted_at"])
+    by_status = Counter(str(r.get("status")) for r in records)
+    lines = [f"stack {view.name} (table {view.output('JobsTableName')})", f"pending            {by_status['pending']}"]
+    pending = [r for r in records if r.get("status") == "pending" and "submitted_at" in r]
+    if pending:
+        oldest = min(pending, key=lambda r: float(r["submitted_at"]))
         submitted = float(oldest["submitted_at"])
-        age = dt.timedelta(seconds=int(clock.now() - submitted))
         at = dt.datetime.fromtimestamp(submitted, dt.UTC).isoformat(timespec="seconds")
-        lines.append(f"  oldest           {oldest['job_id']} ({oldest.get('kind')}), submitted {at}, {age} ago")
-    terminal = {s: n for s, n in sorted(status.by_status.items()) if s != "pending"}
+        lines.append(f"  oldest           {oldest['job_id']} ({oldest.get('kind')}), submitted {at}, "
+                     f"{dt.timedelta(seconds=int(view.clock.now() - submitted))} ago")
+    terminal = {s: n for s, n in sorted(by_status.items()) if s != "pending"}
     lines.append(f"terminal           {sum(terminal.values())}")
     lines += [f"  {s:<16} {n}" for s, n in terminal.items()]
-    lines.append(f"poll queue         {status.queue_depth} (visible, in flight and delayed)")
-    lines.append(f"dead-letter queue  {status.dlq_depth}" + ("   -> make redrive" if status.dlq_depth else ""))
+    dlq = queue_depth(sqs, view.output("PollDeadLetterQueueUrl"))
+    lines.append(f"poll queue         {queue_depth(sqs, view.output('PollQueueUrl'))} (visible, in flight and delayed)")
+    lines.append(f"dead-letter queue  {dlq}" + ("   -> make redrive" if dlq else ""))
     return "\n".join(lines)
 
 
@@ -173,29 +127,19 @@ def model_lines(store: Any, profiles: Iterable[str], now: Callable[[], float]) -
     return lines
 
 
-def read_models(view: StackView, ddb: Any) -> list[tuple[str, str]]:
+def models(view: StackView, ddb: Any) -> list[tuple[str, str]]:
     """The learned model of every profile that has a statistics item in the stack's table."""
-    table = view.output("JobsTableName")
-    kwargs: dict[str, Any] = {"TableName": table, "ProjectionExpression": "job_id",
-                              "FilterExpression": "begins_with(job_id, :p)",
-                              "ExpressionAttributeValues": {":p": {"S": STATS_PREFIX}}}
-    profiles = []
-    while True:
-        reply = ddb.scan(**kwargs)
-        profiles += [item["job_id"]["S"][len(STATS_PREFIX):] for item in reply.get("Items", [])]
-        if not reply.get("LastEvaluatedKey"):
-            break
-        kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
-    clock = Clock(float(view.parameters.get("TimeScale") or 1))
-    return model_lines(JobStore(table, 1, ddb=ddb), profiles, clock.now)
+    table = JobTable(ddb, view.output("JobsTableName"))
+    profiles = [str(r["job_id"]).removeprefix(STATS_PREFIX) for r in table.scan([], stats=True)
+                if str(r["job_id"]).startswith(STATS_PREFIX)]
+    return model_lines(table, profiles, view.clock.now)
 
 
 def redrive(sqs: Any, dlq_url: str, queue_url: str, max_per_second: int | None = None) -> str:
     """Start moving the DLQ's messages back to the poll queue; the task handle."""
-    def arn(url: str) -> str:
-        return str(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
-
-    request: dict[str, Any] = {"SourceArn": arn(dlq_url), "DestinationArn": arn(queue_url)}
+    arns = [sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            for url in (dlq_url, queue_url)]
+    request: dict[str, Any] = {"SourceArn": arns[0], "DestinationArn": arns[1]}
     if max_per_second is not None:
         request["MaxNumberOfMessagesPerSecond"] = max_per_second
     try:
@@ -217,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         client = clients()
-        view = StackView.read(client("cloudformation"), args.stack or default_stack_name(args.config_env))
+        view = StackView(client("cloudformation"), args.stack or default_stack_name(args.config_env))
         if args.command == "status":
-            print(render_status(view, read_status(view, client("dynamodb"), client("sqs"))))
+            print(status(view, client("dynamodb"), client("sqs")))
         elif args.command == "models":
-            models = read_models(view, client("dynamodb"))
-            print("\n".join(f"{profile:<24} {text}" for profile, text in models) or "no observations yet")
+            print("\n".join(f"{profile:<24} {text}" for profile, text in models(view, client("dynamodb")))
+                  or "no observations yet")
         else:
             handle = redrive(client("sqs"), view.output("PollDeadLetterQueueUrl"), view.output("PollQueueUrl"),
                              args.max_per_second)

@@ -3,9 +3,9 @@
 The SAM transform is aws-sam-translator's (the SAM CLI's); CloudFormation is moto's: the
 translated template is created as a stack (CreateStack) on a moto endpoint - the moto server a
 local stack runs on, or moto's in-memory mock for a look-up (:func:`resolve`) - and everything a
-local run needs is read back through the AWS APIs: each function's configuration
-(GetFunctionConfiguration), its schedule (EventBridge rules), the poll queue's event source
-mapping, the stack's resources and outputs. No intrinsic function is evaluated here.
+local run needs is read back through the AWS APIs: each function's configuration, its schedule,
+the poll queue's event source mapping, the stack's resources and outputs. No intrinsic function
+is evaluated here.
 
 What moto's CloudFormation cannot do, handled in :func:`for_moto` (and read back in
 :func:`create_stack`):
@@ -53,6 +53,7 @@ MOTO_LACKS = ("AWS::CloudWatch::Alarm", "AWS::S3::BucketPolicy", "AWS::SQS::Queu
 #: The property that names a resource of a type, for ``names`` (tests that want fixed names).
 NAME_PROPERTIES = {"AWS::DynamoDB::Table": "TableName", "AWS::SQS::Queue": "QueueName",
                    "AWS::S3::Bucket": "BucketName"}
+MIRROR = "{}ResolvedProperties"
 Clients = Callable[[str], Any]
 
 
@@ -72,8 +73,7 @@ def translate(template: Mapping[str, Any], parameters: Mapping[str, Any] | None 
     from samtranslator.translator.translator import Translator
 
     document = copy.deepcopy(dict(template))
-    for resource in document.get("Resources", {}).values():
-        props = resource.get("Properties") or {}
+    for props in (resource.get("Properties") or {} for resource in document.get("Resources", {}).values()):
         for key in ("CodeUri", "ContentUri"):
             if isinstance(props.get(key), str) and not props[key].startswith("s3://"):
                 props[key] = f"s3://{CODE_BUCKET}/{props[key]}"
@@ -83,20 +83,16 @@ def translate(template: Mapping[str, Any], parameters: Mapping[str, Any] | None 
     return result
 
 
-MIRROR = "{}ResolvedProperties"
-
-
 def for_moto(translated: Mapping[str, Any], names: Mapping[str, str] | None = None, mirror: bool = False,
              outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The translated template as moto's CloudFormation can create it (see the module docstring);
     ``names`` sets physical names by logical id (tables, queues, buckets); ``mirror`` keeps every
     resource's properties in a stub too (moto drops some properties it does not use: a function's
     LoggingConfig...), ``outputs`` adds outputs (any value to resolve)."""
-    document = copy.deepcopy(dict(translated))
-    stubbed = {lid: r["Type"] for lid, r in document["Resources"].items() if _stubbed(r)}
+    stubbed = {lid: r["Type"] for lid, r in translated["Resources"].items() if _stubbed(r)}
 
     def placeholders(node: Any) -> Any:
-        """A GetAtt of a stubbed resource: a function URL's placeholder, or the names themselves."""
+        """A copy, a GetAtt of a stubbed resource made a function URL's placeholder or a name."""
         if isinstance(node, list):
             return [placeholders(item) for item in node]
         if not isinstance(node, dict):
@@ -108,8 +104,8 @@ def for_moto(translated: Mapping[str, Any], names: Mapping[str, str] | None = No
             return f"stub:{target[0]}.{target[1]}"
         return {key: placeholders(value) for key, value in node.items()}
 
-    document = placeholders({**document, "Outputs": {**document.get("Outputs", {}),
-                                                     **{k: {"Value": v} for k, v in (outputs or {}).items()}}})
+    document = placeholders({**translated, "Outputs": {**translated.get("Outputs", {}),
+                                                       **{k: {"Value": v} for k, v in (outputs or {}).items()}}})
     resources = document["Resources"]
 
     def stub(lid: str, resource: Mapping[str, Any]) -> dict[str, Any]:
@@ -119,7 +115,7 @@ def for_moto(translated: Mapping[str, Any], names: Mapping[str, str] | None = No
                                "Tier": "Advanced", "Value": value}}
 
     for lid, resource in list(resources.items()):
-        if _stubbed(resource):
+        if lid in stubbed:
             resources[lid] = {**stub(lid, resource), **{k: v for k, v in resource.items() if k == "DependsOn"}}
             continue
         if mirror:
@@ -179,8 +175,7 @@ class Function:
 class Created:
     """A stack created from the template: its outputs, each resource's physical id by logical id
     (``created["PollQueue"]``: the queue's URL), the functions, the schedules (function logical id
-    -> schedule expression), the poll queue's event source mapping, and the properties of the
-    resources moto has no model for, as the template resolves them (``stubs``)."""
+    -> schedule expression) and the poll queue's event source mapping."""
 
     translated: dict[str, Any]
     outputs: dict[str, str]
@@ -216,7 +211,7 @@ def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Map
     """CreateStack of the translated template on a moto endpoint (``client(service)`` gives its
     clients), then what it made, read back through the AWS APIs (see :func:`for_moto`)."""
     document = for_moto(translated, names, mirror, outputs)
-    cfn = client("cloudformation")
+    cfn, lam, resources = client("cloudformation"), client("lambda"), translated["Resources"]
     cfn.create_stack(StackName=stack_name, TemplateBody=json.dumps(document, separators=(",", ":")),
                      Parameters=[{"ParameterKey": k, "ParameterValue": str(v)} for k, v in (parameters or {}).items()],
                      Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"])
@@ -226,27 +221,24 @@ def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Map
     listed = cfn.describe_stack_resources(StackName=stack_name)["StackResources"]
     # moto lists a resource whose Condition is false as an empty entry
     physical = {r["LogicalResourceId"]: r.get("PhysicalResourceId") for r in listed if "LogicalResourceId" in r}
-    types = {lid: str((translated["Resources"].get(lid) or document["Resources"][lid])["Type"]) for lid in physical}
-    lam = client("lambda")
-
-    def local(code: Mapping[str, Any]) -> Path:
-        return (base_dir / code["S3Key"]).resolve()
-
+    types = {lid: str((resources.get(lid) or document["Resources"][lid])["Type"]) for lid in physical}
     configs = {c["FunctionName"]: c for c in lam.list_functions()["Functions"]}
     functions: dict[str, Function] = {}
     for lid in (lid for lid, t in types.items() if t == "AWS::Lambda::Function"):
-        conf, props = configs[physical[lid]], translated["Resources"][lid]["Properties"]
-        layers = [local(translated["Resources"][ref["Ref"]]["Properties"]["Content"]) for ref in props.get("Layers", [])
-                  if isinstance(ref, dict) and ref.get("Ref") in translated["Resources"]]
-        variables = (conf.get("Environment") or {}).get("Variables") or {}
+        conf, props = configs[physical[lid]], resources[lid]["Properties"]
+        layers = [resources[ref["Ref"]]["Properties"]["Content"] for ref in props.get("Layers", [])
+                  if isinstance(ref, dict) and ref.get("Ref") in resources]
+        reserved = lam.get_function_concurrency(FunctionName=conf["FunctionName"]).get("ReservedConcurrentExecutions")
         functions[lid] = Function(
             logical_id=lid, function_name=conf["FunctionName"], handler=conf["Handler"],
-            code_dir=local(props["Code"]), layer_dirs=layers, runtime=conf["Runtime"], timeout=int(conf["Timeout"]),
-            memory=int(conf["MemorySize"]), environment={k: str(v) for k, v in variables.items()},
-            architectures=list(props.get("Architectures", ["x86_64"])), function_arn=conf["FunctionArn"])
+            code_dir=(base_dir / props["Code"]["S3Key"]).resolve(),
+            layer_dirs=[(base_dir / layer["S3Key"]).resolve() for layer in layers], runtime=conf["Runtime"],
+            timeout=int(conf["Timeout"]), memory=int(conf["MemorySize"]),
+            environment={k: str(v) for k, v in ((conf.get("Environment") or {}).get("Variables") or {}).items()},
+            architectures=list(props.get("Architectures", ["x86_64"])), reserved_concurrency=reserved,
+            function_arn=conf["FunctionArn"])
     by_arn = {f.function_arn: lid for lid, f in functions.items()}
-    rules = {physical[lid]: lid for lid in physical if types[lid] == "AWS::Events::Rule"
-             and _stubbed(translated["Resources"][lid])}
+    rules = {physical[lid]: lid for lid in physical if types[lid] == "AWS::Events::Rule" and _stubbed(resources[lid])}
     schedules = {by_arn[target["Arn"]]: rule["ScheduleExpression"] for rule in _stub_properties(client, rules).values()
                  for target in rule.get("Targets", []) if target["Arn"] in by_arn}
     mappings = {by_arn[m["FunctionArn"]]: m for m in lam.list_event_source_mappings()["EventSourceMappings"]
@@ -257,14 +249,16 @@ def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Map
 
 @cache  # a client parses botocore's model of its service: a tenth of a second each
 def aws_clients(endpoint_url: str | None = None, region: str = REGION) -> Clients:
-    """``client(service)`` with dummy credentials, one client per service: on ``endpoint_url``,
-    else on AWS's own endpoints whatever AWS_ENDPOINT_URL says (where moto's mock answers)."""
+    """``client(service)`` with dummy credentials, one client per service: on ``endpoint_url`` (a
+    local stack's), else on AWS's own endpoints whatever AWS_ENDPOINT_URL says (where moto's
+    in-memory mock answers)."""
     import boto3
     from botocore.config import Config
 
     session: Any = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                          region_name=region)
-    config = Config(ignore_configured_endpoint_urls=endpoint_url is None)
+    config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60,
+                    max_pool_connections=20, ignore_configured_endpoint_urls=endpoint_url is None)
     return cache(lambda service: session.client(service, endpoint_url=endpoint_url, config=config))
 
 
@@ -286,13 +280,10 @@ _load = cache(load)
 @cache
 def _resolved(path: Path, parameters: tuple[tuple[str, str], ...], region: str, outputs: str) -> Created:
     with in_memory_aws(region) as client:
-        translated = translate(_load(path), dict(parameters), region)
-        created = create_stack(client, translated, dict(parameters), stack_name=f"{STACK_NAME}-{uuid.uuid4().hex[:6]}",
-                               base_dir=path.parent, mirror=True, outputs=json.loads(outputs))
+        created = create_stack(client, translate(_load(path), dict(parameters), region), dict(parameters),
+                               stack_name=f"{STACK_NAME}-{uuid.uuid4().hex[:6]}", base_dir=path.parent, mirror=True,
+                               outputs=json.loads(outputs))
         created.properties  # noqa: B018 - read while the mock is there
-        for function in created.functions.values():  # moto keeps it (read here: only a deploy needs it)
-            reserved = client("lambda").get_function_concurrency(FunctionName=function.function_name)
-            object.__setattr__(function, "reserved_concurrency", reserved.get("ReservedConcurrentExecutions"))
         return created
 
 

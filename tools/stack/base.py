@@ -1,20 +1,18 @@
 """The local stack: one interface over two ways of running template.yaml, and what both share.
 
 A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator, the AWS
-resources and the template's functions - behind one small API that the demo, the tests and the
-benchmarks use whatever runs the functions:
-
-* :class:`tools.stack.inprocess.InProcessStack`: the handlers run in this process on moto
-  server; the stack plays Lambda's SQS event source mapping and the schedules.
-* :class:`tools.stack.deployed.DeployedStack`: ``sam build`` + ``sam deploy`` of the template
-  into ministack; the deployed event source mapping and schedules do the work.
+resources and the template's functions - behind one API that the demo, the tests and the
+benchmarks use whatever runs the functions: :class:`tools.stack.inprocess.InProcessStack` runs
+the handlers in this process on moto server and plays Lambda's SQS event source mapping and the
+schedules; :class:`tools.stack.deployed.DeployedStack` deploys the template into ministack with
+``sam build`` + ``sam deploy``, whose event source mapping and schedules do the work.
 
 The stack's clock scale is one knob: it is the functions' ``TimeScale`` parameter and the
 simulator's ``time_scale``, so both sides agree on every duration, hint and budget window.
 
-Shared here, once: AWS clients on a local endpoint, the terminal-event sink (an EventBridge
-rule feeding an SQS queue), job-record reading (decoded with ``sume_poller.store.from_item``),
-queue and dead-letter queue reading, and the totals of Powertools' EMF metric lines.
+Shared here: the terminal-event sink (an EventBridge rule feeding an SQS queue), the job records
+(the layer's own reads, decoded with ``sume_poller.store.from_item``), queue and dead-letter
+queue reading, and the totals of Powertools' EMF metric lines.
 """
 
 from __future__ import annotations
@@ -34,12 +32,11 @@ from typing import Any, Self, cast
 
 from sume_poller.clock import Clock
 from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
-from sume_poller.store import from_item, to_attrs
+from sume_poller.store import JobStore, from_item, to_attrs
+from tools.template import REGION, ROOT, TEMPLATE, aws_clients
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["REGION", "ROOT", "TEMPLATE", "aws_clients"]  # re-exported for the backends
 SCRATCH = ROOT / ".scratch" / "stack"
-TEMPLATE = ROOT / "template.yaml"
-REGION = "us-east-1"
 API_KEY_NAME = "/sume-poller/api-key"
 #: Dummy credentials: moto and ministack accept any (a non-numeric key is account 000000000000).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -72,39 +69,14 @@ def prune_stale(parent: Path) -> None:
     for entry in parent.glob("*-*"):
         pid = entry.name.split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-
-
-def aws_clients(endpoint_url: str) -> Callable[[str], Any]:
-    """``client(service)`` on a local endpoint with dummy credentials, one client per service."""
-    import boto3
-    from botocore.config import Config
-
-    session: Any = boto3.session.Session(aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                                         aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                                         region_name=REGION)
-    config = Config(retries={"mode": "standard", "max_attempts": 3}, connect_timeout=5, read_timeout=60,
-                    max_pool_connections=20)
-    cache: dict[str, Any] = {}
-
-    def client(service: str) -> Any:
-        if service not in cache:
-            cache[service] = session.client(service, endpoint_url=endpoint_url, config=config)
-        return cache[service]
-
-    return client
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
 
 
 def stack_parameters(time_scale: float, redis_url: str, sume_base_url: str,
                      overrides: Mapping[str, Any] | None) -> dict[str, str]:
     """Template parameters of a local stack: local defaults, its services, then ``overrides``."""
-    params = {**LOCAL_PARAMETERS, "TimeScale": f"{time_scale:g}", "RedisUrl": redis_url,
-              "SumeBaseUrl": sume_base_url}
-    params.update({key: str(value) for key, value in (overrides or {}).items()})
-    return params
+    return {**LOCAL_PARAMETERS, "TimeScale": f"{time_scale:g}", "RedisUrl": redis_url, "SumeBaseUrl": sume_base_url,
+            **{key: str(value) for key, value in (overrides or {}).items()}}
 
 
 def scheduled_event() -> dict[str, Any]:
@@ -113,10 +85,6 @@ def scheduled_event() -> dict[str, Any]:
             "account": "000000000000", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "region": REGION, "resources": [], "detail": {}}
 
-
-# ---------------------------------------------------------------------------------------------
-# Shared pieces
-# ---------------------------------------------------------------------------------------------
 
 class EventSink:
     """An SQS queue fed by an EventBridge rule matching the terminal events on ``bus``."""
@@ -136,80 +104,45 @@ class EventSink:
         """Receive and delete what the sink holds now (the first receive may long-poll
         ``wait_seconds``); the new details, which are also appended to ``received``."""
         new: list[dict[str, Any]] = []
-        wait = wait_seconds
-        while True:
-            reply = self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=wait)
-            messages = reply.get("Messages", [])
-            if not messages:
-                self.received.extend(new)
-                return new
-            wait = 0
+        while messages := self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10,
+                                                   WaitTimeSeconds=0 if new else wait_seconds).get("Messages", []):
             new.extend(json.loads(m["Body"]).get("detail", {}) for m in messages)
             self.sqs.delete_message_batch(QueueUrl=self.url, Entries=[
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+        self.received.extend(new)
+        return new
 
 
-class JobTable:
-    """The jobs table, read consistently and decoded to plain Python (numbers as int/float).
-    Only job records: the per-profile statistics items (keys starting with ``#``) are left out."""
+class JobTable(JobStore):
+    """The jobs table, read consistently and decoded to plain Python (numbers as int/float):
+    ``get`` and ``get_many`` (alias ``batch_get``) are the layer's own reads; ``scan`` leaves the
+    per-profile statistics items (keys starting with ``#``) out unless ``stats``."""
 
     def __init__(self, ddb: Any, name: str) -> None:
-        self.ddb = ddb
-        self.name = name
+        super().__init__(name, 1, ddb=ddb)
 
-    def scan(self, attributes: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"TableName": self.name, "ConsistentRead": True}
+    batch_get = JobStore.get_many
+
+    def scan(self, attributes: Iterable[str] | None = None, *, stats: bool = False) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
         if attributes is not None:
             names = {f"#a{i}": a for i, a in enumerate(dict.fromkeys(["job_id", *attributes]))}
             kwargs.update(ProjectionExpression=", ".join(names), ExpressionAttributeNames=names)
-        found: list[dict[str, Any]] = []
-        while True:
-            reply = self.ddb.scan(**kwargs)
-            found += [r for r in map(from_item, reply.get("Items", [])) if not str(r["job_id"]).startswith("#")]
-            if not reply.get("LastEvaluatedKey"):
-                return found
-            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
-
-    def get(self, job_id: str) -> dict[str, Any] | None:
-        reply = self.ddb.get_item(TableName=self.name, Key={"job_id": {"S": job_id}}, ConsistentRead=True)
-        return from_item(reply["Item"]) if "Item" in reply else None
+        records = (from_item(i) for page in self._ddb.get_paginator("scan").paginate(**kwargs) for i in page["Items"])
+        return [r for r in records if stats or not str(r["job_id"]).startswith("#")]
 
     def put(self, record: Mapping[str, Any]) -> None:
         """Write a record as it is (a test's setup: a state the functions must meet)."""
-        self.ddb.put_item(TableName=self.name, Item=to_attrs(dict(record)))
-
-    def batch_get(self, job_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        ids = list(dict.fromkeys(job_ids))
-        found: dict[str, dict[str, Any]] = {}
-        for start in range(0, len(ids), 100):
-            keys = [{"job_id": {"S": j}} for j in ids[start:start + 100]]
-            request: dict[str, Any] = {self.name: {"Keys": keys, "ConsistentRead": True}}
-            while request:
-                reply = self.ddb.batch_get_item(RequestItems=request)
-                for item in reply["Responses"].get(self.name, []):
-                    record = from_item(item)
-                    found[record["job_id"]] = record
-                request = reply.get("UnprocessedKeys") or {}
-        return found
+        self._ddb.put_item(TableName=self.table, Item=to_attrs(dict(record)))
 
     def clear(self) -> int:
         """Delete every item (records and statistics); how many."""
-        keys = [{"job_id": {"S": str(r["job_id"])}} for r in self._all_keys()]
+        keys = [{"job_id": {"S": str(r["job_id"])}} for r in self.scan([], stats=True)]
         for start in range(0, len(keys), 25):
-            request: dict[str, Any] = {self.name: [{"DeleteRequest": {"Key": k}} for k in keys[start:start + 25]]}
+            request: Any = {self.table: [{"DeleteRequest": {"Key": k}} for k in keys[start:start + 25]]}
             while request:
-                request = self.ddb.batch_write_item(RequestItems=request).get("UnprocessedItems") or {}
+                request = self._ddb.batch_write_item(RequestItems=request).get("UnprocessedItems")
         return len(keys)
-
-    def _all_keys(self) -> list[dict[str, Any]]:
-        kwargs: dict[str, Any] = {"TableName": self.name, "ProjectionExpression": "job_id"}
-        keys: list[dict[str, Any]] = []
-        while True:
-            reply = self.ddb.scan(**kwargs)
-            keys += [from_item(i) for i in reply.get("Items", [])]
-            if not reply.get("LastEvaluatedKey"):
-                return keys
-            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
 
 
 def queue_depth(sqs: Any, url: str) -> int:
@@ -225,8 +158,7 @@ def peek_bodies(sqs: Any, url: str, limit: int = 1000) -> list[str]:
     seen: dict[str, dict[str, Any]] = {}
     while len(seen) < limit:
         reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, WaitTimeSeconds=0)
-        fresh = [m for m in reply.get("Messages", []) if m["MessageId"] not in seen]
-        if not fresh:
+        if not (fresh := [m for m in reply.get("Messages", []) if m["MessageId"] not in seen]):
             break
         seen.update((m["MessageId"], m) for m in fresh)
     messages = list(seen.values())
@@ -239,10 +171,8 @@ def peek_bodies(sqs: Any, url: str, limit: int = 1000) -> list[str]:
 
 class EmfTotals:
     """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key).
-
-    ``totals`` has an entry (possibly 0) for every metric name seen, so a metric that was
-    emitted with value 0 still counts as emitted.
-    """
+    ``totals`` has an entry (possibly 0) for every metric name seen: a metric emitted with value 0
+    still counts as emitted."""
 
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
@@ -255,16 +185,13 @@ class EmfTotals:
             document = json.loads(line[start:])
         except ValueError:
             return
-        if isinstance(document, dict) and isinstance(document.get("_aws"), dict):
-            self.add_document(document)
-
-    def add_document(self, document: Mapping[str, Any]) -> None:
+        if not isinstance(document, dict) or not isinstance(document.get("_aws"), dict):
+            return
         for directive in document["_aws"].get("CloudWatchMetrics", []):
             for metric in directive.get("Metrics", []):
-                name = metric.get("Name")
-                value = document.get(name)
-                values = value if isinstance(value, list) else [value]
-                total = sum(v for v in values if isinstance(v, int | float) and not isinstance(v, bool))
+                value = document.get(name := metric.get("Name"))
+                total = sum(v for v in (value if isinstance(value, list) else [value])
+                            if isinstance(v, int | float) and not isinstance(v, bool))
                 # Counts are whole numbers; other units (ms...) keep their fraction.
                 self.totals[name] += int(total) if float(total).is_integer() else cast(int, total)
 
@@ -273,11 +200,9 @@ class EmfTotals:
 
 
 class LogGroupMetrics(EmfTotals):
-    """EMF totals read from CloudWatch Logs groups, incrementally from ``since_ms``.
-
-    Events are read again with a few seconds of overlap (log delivery is not ordered across
-    streams) and de-duplicated by (stream, timestamp, message).
-    """
+    """EMF totals read from CloudWatch Logs groups, incrementally from ``since_ms``. Events are
+    read again with a few seconds of overlap (log delivery is not ordered across streams) and
+    de-duplicated by (stream, timestamp, message)."""
 
     OVERLAP_MS = 5_000
 
@@ -295,23 +220,18 @@ class LogGroupMetrics(EmfTotals):
 
     def refresh(self) -> Counter[str]:
         for group in self.groups:
-            kwargs: dict[str, Any] = {"logGroupName": group, "filterPattern": '"_aws"',
-                                      "startTime": max(self._since, self._watermark[group] - self.OVERLAP_MS)}
-            while True:
-                try:
-                    reply = self.logs.filter_log_events(**kwargs)
-                except self.logs.exceptions.ResourceNotFoundException:
-                    break  # nothing logged yet
-                for event in reply.get("events", []):
+            pages = self.logs.get_paginator("filter_log_events").paginate(
+                logGroupName=group, filterPattern='"_aws"',
+                startTime=max(self._since, self._watermark[group] - self.OVERLAP_MS))
+            try:
+                for event in (e for page in pages for e in page.get("events", [])):
                     key = (event.get("logStreamName", ""), int(event["timestamp"]), event.get("message", ""))
-                    if key in self._seen:
-                        continue
-                    self._seen[key] = None
-                    self._watermark[group] = max(self._watermark[group], key[1])
-                    self.add_line(key[2])
-                if not reply.get("nextToken"):
-                    break
-                kwargs["nextToken"] = reply["nextToken"]
+                    if key not in self._seen:
+                        self._seen[key] = None
+                        self._watermark[group] = max(self._watermark[group], key[1])
+                        self.add_line(key[2])
+            except self.logs.exceptions.ResourceNotFoundException:
+                pass  # nothing logged yet
         floor = min(self._watermark.values()) - 2 * self.OVERLAP_MS
         self._seen = {k: None for k in self._seen if k[1] >= floor}
         return Counter(self.totals)
@@ -329,19 +249,14 @@ def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable
         step(left)
 
 
-# ---------------------------------------------------------------------------------------------
-# The interface
-# ---------------------------------------------------------------------------------------------
-
 class Stack(ABC):
     """template.yaml running locally with Redis and the Sume simulator; a context manager that
     starts what it needs on enter and stops what it started on exit.
 
-    Subclasses set, while starting: ``clock``, ``sim``, ``redis_server`` (a
-    tools.services.RedisServer: stop and start it for an outage), ``redis_url``, ``parameters`` (the
-    template parameters it runs with), ``outputs`` (the stack's outputs by output name),
-    ``client`` (boto3 client factory on the stack's endpoint), ``schedules`` (scheduled
-    functions, fan-out first), ``table`` and ``sink``.
+    Set while starting: ``clock``, ``sim``, ``redis_server`` (a tools.services.RedisServer: stop and
+    start it for an outage), ``redis_url``, ``api_key``, ``parameters`` (the template parameters it
+    runs with), ``outputs`` (the stack's outputs by name), ``client`` (boto3 clients on the stack's
+    endpoint), ``schedules`` (scheduled functions, fan-out first), ``table`` and ``sink``.
     """
 
     name: str
@@ -351,18 +266,34 @@ class Stack(ABC):
     sim: Any  # tools.sume_sim.SumeSimulator
     redis_server: Any  # tools.services.RedisServer
     redis_url: str
+    api_key: str
     outputs: dict[str, str]
     client: Callable[[str], Any]
     table: JobTable
     sink: EventSink
 
-    def __init__(self) -> None:
+    def __init__(self, time_scale: float, parameters: Mapping[str, Any] | None,
+                 sim_options: Mapping[str, Any] | None) -> None:
         self._exit = ExitStack()
+        self.time_scale = time_scale
+        self._overrides = dict(parameters or {})
+        self._sim_options = dict(sim_options or {})
 
-    # -- lifecycle ------------------------------------------------------------------------------
     @abstractmethod
     def _start(self, stack: ExitStack) -> None:
         """Start everything (register every stop on ``stack``)."""
+
+    def _start_services(self, stack: ExitStack) -> None:
+        """What both backends run beside the AWS side: the clock, redis-server, the Sume simulator."""
+        from tools.services import RedisServer
+        from tools.sume_sim import SumeSimulator
+
+        self.clock = Clock(self.time_scale)
+        self.api_key = "sume_local_" + uuid.uuid4().hex
+        self.redis_server = stack.enter_context(RedisServer())
+        self.redis_url = self.redis_server.url
+        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
+                                                     **self._sim_options))
 
     def __enter__(self) -> Self:
         try:
@@ -384,13 +315,11 @@ class Stack(ABC):
 
     def submit(self, event: dict[str, Any]) -> dict[str, Any]:
         """Invoke the submit function with ``event``; its reply."""
-        reply: dict[str, Any] = self.invoke("SubmitFunction", event)
-        return reply
+        return cast(dict[str, Any], self.invoke("SubmitFunction", event))
 
     def fanout(self) -> dict[str, Any]:
         """Run fan-out now, as its schedule would; its report."""
-        reply: dict[str, Any] = self.invoke("FanOutFunction", scheduled_event())
-        return reply
+        return cast(dict[str, Any], self.invoke("FanOutFunction", scheduled_event()))
 
     def run_schedules(self) -> dict[str, Any]:
         """Run every scheduled function once now (fan-out first, then e.g. sweeps); replies by id."""
@@ -409,9 +338,9 @@ class Stack(ABC):
 
     @abstractmethod
     def reset(self) -> None:
-        """A clean slate between tests: fresh AWS state, empty Redis, simulator reset."""
+        """A clean slate between tests: no jobs, messages or events, empty Redis, simulator reset."""
 
-    # -- reading (shared) -----------------------------------------------------------------------
+    # -- reading --------------------------------------------------------------------------------
     @property
     def queue_url(self) -> str:
         return self.outputs["PollQueueUrl"]
@@ -422,9 +351,7 @@ class Stack(ABC):
 
     def records(self, job_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every job record, or those of ``job_ids`` (the ones that exist)."""
-        if job_ids is None:
-            return self.table.scan()
-        return list(self.table.batch_get(job_ids).values())
+        return self.table.scan() if job_ids is None else list(self.table.batch_get(list(job_ids)).values())
 
     def record(self, job_id: str) -> dict[str, Any] | None:
         return self.table.get(job_id)
@@ -468,9 +395,6 @@ class Stack(ABC):
         """The shared part of :meth:`reset`: Redis emptied and the simulator reset."""
         import redis
 
-        client = redis.Redis.from_url(self.redis_url)
-        try:
+        with redis.Redis.from_url(self.redis_url) as client:
             client.flushall()
-        finally:
-            client.close()
         self.sim.reset()

@@ -37,9 +37,8 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
@@ -82,10 +81,6 @@ class InvokeError(RuntimeError):
     """A deployed function returned an error."""
 
 
-# ---------------------------------------------------------------------------------------------
-# The ministack server
-# ---------------------------------------------------------------------------------------------
-
 class MinistackServer(Service):
     """ministack on a free 127.0.0.1 port, TMPDIR under ``.scratch/stack``; ready when its health
     route answers. Stopping it stops its Lambda workers too (mirakuru: its process group and every
@@ -126,77 +121,56 @@ class MinistackServer(Service):
         return self
 
 
-# ---------------------------------------------------------------------------------------------
-# sam build, sam deploy
-# ---------------------------------------------------------------------------------------------
-
-_built: Path | None = None
-_built_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _file_lock(name: str) -> Iterator[None]:
-    """A lock shared by every process of this checkout (the demo and a test run at once)."""
-    SCRATCH.mkdir(parents=True, exist_ok=True)
-    with open(SCRATCH / f"{name}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
 def _sam(args: list[str], endpoint_url: str | None, timeout: float) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SAM_CLI_TELEMETRY": "0", **CREDENTIALS}
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_PROFILE", "AWS_ENDPOINT_URL")}
+    env.update(SAM_CLI_TELEMETRY="0", **CREDENTIALS, **({"AWS_ENDPOINT_URL": endpoint_url} if endpoint_url else {}))
     if UV.exists():  # the layer's packages installed with uv (layers/sume_poller/Makefile)
         env["SUME_UV"] = str(UV_WRAPPER)
-    env.pop("AWS_PROFILE", None)
-    env.pop("AWS_ENDPOINT_URL", None)
-    if endpoint_url:
-        env["AWS_ENDPOINT_URL"] = endpoint_url
     work = SCRATCH / "sam"  # sam writes build.toml and its deps cache relative to the cwd
     work.mkdir(parents=True, exist_ok=True)
     return subprocess.run([str(require(SAM, ".venv-sam")), *args], cwd=work, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
+_built: dict[str, Path] = {}
+_built_lock = threading.Lock()
+
+
 def build() -> Path:
     """``sam build`` of template.yaml once per process, into a build directory of this process
     (a concurrent ``make build`` cannot change it under a deploy), from a cache shared by the
-    runs of this checkout. Returns the built template."""
-    global _built
+    runs of this checkout (one build at a time). Returns the built template's path."""
     with _built_lock:
-        if _built is not None and _built.exists():
-            return _built
+        if "template" in _built and _built["template"].exists():
+            return _built["template"]
         prune_stale(SCRATCH / "builds")
         build_dir = SCRATCH / "builds" / f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         atexit.register(shutil.rmtree, build_dir, True)
-        with _file_lock("sam-build"):
+        SCRATCH.mkdir(parents=True, exist_ok=True)
+        with open(SCRATCH / "sam-build.lock", "w") as lock:  # the demo and a test run at once
+            fcntl.flock(lock, fcntl.LOCK_EX)
             done = _sam(["build", "--template-file", str(TEMPLATE), "--build-dir", str(build_dir),
                          "--cache-dir", str(SCRATCH / "sam" / "cache"), "--cached"], None, BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise DeployError(f"sam build failed ({done.returncode}):\n{(done.stdout + done.stderr)[-_TAIL:]}")
-        _built = build_dir / "template.yaml"
-        return _built
+        _built["template"] = build_dir / "template.yaml"
+        return _built["template"]
 
 
 def parameter_overrides(values: Mapping[str, str]) -> list[str]:
     """``Key="Value"`` arguments: sam splits ``--parameter-overrides`` on whitespace."""
-    for key, value in values.items():
-        if '"' in value:
-            raise ValueError(f"parameter {key} contains a double quote: {value!r}")
+    if quoted := [key for key, value in values.items() if '"' in value]:
+        raise ValueError(f"parameters {quoted} contain a double quote")
     return [f'{key}="{value}"' for key, value in values.items()]
 
 
-@dataclass
-class Deployment:
-    outputs: dict[str, str]  # the stack's outputs
-    functions: dict[str, str]  # logical id -> deployed function name
-
-
 def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, parameters: Mapping[str, str],
-           api_key: str) -> Deployment:
+           api_key: str) -> tuple[dict[str, str], dict[str, str]]:
     """Store the Sume key where the template reads it, ``sam deploy`` the built template, apply
-    what ministack leaves out."""
-    template = build()
-    s3 = client("s3")
+    what ministack leaves out; the stack's outputs and its functions (logical id -> name)."""
+    from tools.template import resolve
+
+    template, s3, cfn, lam = build(), client("s3"), client("cloudformation"), client("lambda")
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=ARTIFACT_BUCKET)
     client("ssm").put_parameter(Name=parameters["SumeApiKeyName"], Value=api_key, Type="SecureString",
@@ -206,69 +180,32 @@ def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, par
                  "--no-confirm-changeset", "--no-fail-on-empty-changeset", "--no-progressbar",
                  "--parameter-overrides", *parameter_overrides(parameters)], endpoint_url, DEPLOY_TIMEOUT_S)
     if done.returncode != 0:
-        raise DeployError(f"sam deploy failed ({done.returncode}): {_failures(client, stack_name)}\n"
-                          f"{(done.stdout + done.stderr)[-_TAIL:]}")
-    cfn = client("cloudformation")
+        failed = "(no stack events)"
+        with contextlib.suppress(Exception):  # the stack may not exist at all
+            failed = "; ".join(f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in
+                               cfn.describe_stack_events(StackName=stack_name)["StackEvents"]
+                               if str(e.get("ResourceStatus", "")).endswith("_FAILED")) or "(none failed)"
+        raise DeployError(f"sam deploy failed ({done.returncode}): {failed}\n{(done.stdout + done.stderr)[-_TAIL:]}")
     described = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]
-    status = described.get("StackStatus", "")
-    if not status.endswith("_COMPLETE") or "ROLLBACK" in status:
+    if not (status := described.get("StackStatus", "")).endswith("_COMPLETE") or "ROLLBACK" in status:
         raise DeployError(f"stack {stack_name} is {status}")
     outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
-    missing = {"JobsTableName", "PollQueueUrl", "PollDeadLetterQueueUrl"} - set(outputs)
-    if missing:
+    if missing := {"JobsTableName", "PollQueueUrl", "PollDeadLetterQueueUrl"} - set(outputs):
         raise DeployError(f"stack {stack_name} lacks outputs {sorted(missing)}: {outputs}")
-    resources = cfn.describe_stack_resources(StackName=stack_name)["StackResources"]
-    functions = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in resources
+    functions = {r["LogicalResourceId"]: r["PhysicalResourceId"] for r in
+                 cfn.describe_stack_resources(StackName=stack_name)["StackResources"]
                  if r["ResourceType"] == "AWS::Lambda::Function"}
-    _apply_reserved_concurrency(client, functions, parameters)
-    _numeric_maximum_concurrency(client, list(functions.values()))
-    return Deployment(outputs, functions)
-
-
-def log_group(client: Callable[[str], Any], function: str) -> str:
-    """Where a deployed function logs: the group its LoggingConfig names (the template binds each
-    function to a group of its own), else Lambda's default - as ``sam logs`` finds it."""
-    config = client("lambda").get_function_configuration(FunctionName=function)
-    return str((config.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{function}")
-
-
-def _failures(client: Callable[[str], Any], stack_name: str) -> str:
-    """The reasons CloudFormation gave for the resources that failed."""
-    try:
-        events = client("cloudformation").describe_stack_events(StackName=stack_name)["StackEvents"]
-    except Exception as error:  # the stack may not exist at all
-        return f"(no stack events: {error})"
-    failed = [f"{e['LogicalResourceId']}: {e.get('ResourceStatusReason')}" for e in events
-              if str(e.get("ResourceStatus", "")).endswith("_FAILED")]
-    return "; ".join(failed) or "(no failed resource reported)"
-
-
-def _apply_reserved_concurrency(client: Callable[[str], Any], functions: Mapping[str, str],
-                                parameters: Mapping[str, str]) -> None:
-    """ReservedConcurrentExecutions as the template resolves it with these parameters (moto's
-    CloudFormation keeps it: tools.template.resolve)."""
-    from tools.template import resolve
-
-    for logical_id, function in resolve(parameters).functions.items():
+    for logical_id, function in resolve(parameters).functions.items():  # as moto's CloudFormation keeps it
         if function.reserved_concurrency is not None and logical_id in functions:
-            client("lambda").put_function_concurrency(FunctionName=functions[logical_id],
-                                                      ReservedConcurrentExecutions=int(function.reserved_concurrency))
-
-
-def _numeric_maximum_concurrency(client: Callable[[str], Any], functions: list[str]) -> None:
-    """Write each SQS mapping's MaximumConcurrency back as a number (see the module docstring)."""
-    lam = client("lambda")
-    for function in functions:
-        for mapping in lam.list_event_source_mappings(FunctionName=function)["EventSourceMappings"]:
-            maximum = (mapping.get("ScalingConfig") or {}).get("MaximumConcurrency")
-            if maximum is not None:
+            lam.put_function_concurrency(FunctionName=functions[logical_id],
+                                         ReservedConcurrentExecutions=int(function.reserved_concurrency))
+    for name in functions.values():  # each SQS mapping's MaximumConcurrency as a number (the docstring)
+        for mapping in lam.list_event_source_mappings(FunctionName=name)["EventSourceMappings"]:
+            if (maximum := (mapping.get("ScalingConfig") or {}).get("MaximumConcurrency")) is not None:
                 lam.update_event_source_mapping(UUID=mapping["UUID"],
                                                 ScalingConfig={"MaximumConcurrency": int(maximum)})
+    return outputs, functions
 
-
-# ---------------------------------------------------------------------------------------------
-# The stack
-# ---------------------------------------------------------------------------------------------
 
 class DeployedStack(Stack):
     """See the module docstring. ``parameters`` are template parameters over the local defaults;
@@ -279,45 +216,35 @@ class DeployedStack(Stack):
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  sim_options: Mapping[str, Any] | None = None, stack_name: str = "sume-poller-local",
                  log: Callable[[str], None] | None = None) -> None:
-        super().__init__()
-        self.time_scale = time_scale
+        super().__init__(time_scale, parameters, sim_options)
         self.stack_name = stack_name
-        self._overrides = dict(parameters or {})
-        self._sim_options = dict(sim_options or {})
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
 
     def _start(self, stack: ExitStack) -> None:
-        from sume_poller.clock import Clock
-        from tools.services import RedisServer
-        from tools.sume_sim import SumeSimulator
         from tools.template import resolve
 
         require(SAM, ".venv-sam")
         require(MINISTACK, ".venv-ministack")
         started = time.monotonic()
-        self.clock = Clock(self.time_scale)
-        self.api_key = "sume_local_" + uuid.uuid4().hex
-        self.redis_server = stack.enter_context(RedisServer())
-        self.redis_url = self.redis_server.url
-        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
-                                                     **self._sim_options))
+        self._start_services(stack)
         self.ministack = stack.enter_context(MinistackServer())
         self.endpoint_url = self.ministack.endpoint_url
         self.client = aws_clients(self.endpoint_url)
         self.log(f"ministack on {self.endpoint_url}, redis-server on port {self.redis_server.port}, "
                  f"Sume simulator on {self.sim.base_url}; sam build + sam deploy ...")
         self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
-        deployment = deploy(self.client, self.endpoint_url, self.stack_name, self.parameters, self.api_key)
-        self.outputs, self.functions = deployment.outputs, deployment.functions
-        scheduled = resolve(self.parameters).schedules  # template order: fan-out before sweeps
-        self.schedules = [lid for lid in self.functions if lid in scheduled]
+        self.outputs, self.functions = deploy(self.client, self.endpoint_url, self.stack_name, self.parameters,
+                                              self.api_key)
+        scheduled = resolve(self.parameters).schedules
+        self.schedules = [lid for lid in self.functions if lid in scheduled]  # template order: fan-out first
         self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
         self.sink = EventSink(self.client("sqs"), self.client("events"), self.parameters.get("EventBusName", "default"))
-        groups = [log_group(self.client, function) for function in self.functions.values()]
-        self._metrics = LogGroupMetrics(self.client("logs"), groups)
+        # Each function logs to the group its LoggingConfig names (as `sam logs` finds it).
+        configs = [self.client("lambda").get_function_configuration(FunctionName=f) for f in self.functions.values()]
+        self._metrics = LogGroupMetrics(self.client("logs"), [
+            (c.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{c['FunctionName']}" for c in configs])
         self.log(f"deployed stack {self.stack_name} in {time.monotonic() - started:.0f} s")
 
-    # -- invoking ---------------------------------------------------------------------------------
     def invoke(self, logical_id: str, event: Any, retry_for: float = 60.0) -> Any:
         """Synchronous invoke of a deployed function; its JSON reply. A throttled invoke (a
         function with reserved concurrency already running) is retried for ``retry_for`` s."""
@@ -351,22 +278,14 @@ class DeployedStack(Stack):
 
         wait_until(until, timeout, self.pending_summary, step)
 
-    # -- state --------------------------------------------------------------------------------------
     def metric_totals(self) -> Counter[str]:
         return self._metrics.refresh()
 
     def reset(self) -> None:
-        """Redis emptied, simulator reset, poll queues purged until the functions are quiet, the
-        table emptied, the event sink and the metric totals restarted. The deployed stack stays."""
+        """Redis emptied, simulator reset, the poll queues purged until the functions are quiet (an
+        invocation in flight may still send), the table emptied, the event sink and the metric
+        totals restarted. The deployed stack stays."""
         self._reset_services()
-        self._quiesce()
-        self.table.clear()
-        self.sink.drain()
-        self.sink.received.clear()
-        self._metrics.restart()
-
-    def _quiesce(self) -> None:
-        """Purge the poll queues until they stay empty (an invocation in flight may still send)."""
         sqs = self.client("sqs")
         urls = [self.outputs[k] for k in ("PollQueueUrl", "PollDeadLetterQueueUrl", "FailedInvocationsQueueUrl")
                 if k in self.outputs]
@@ -383,6 +302,10 @@ class DeployedStack(Stack):
             wait_until(lambda: quiet >= 2, QUIESCE_S, lambda: f"poll queue depth {self.queue_depth()}", step)
         except TimeoutError as error:
             self.log(f"reset: the poll queue did not stay empty ({error}); going on")
+        self.table.clear()
+        self.sink.drain()
+        self.sink.received.clear()
+        self._metrics.restart()
 
 
 __all__ = ["DeployError", "DeployedStack", "InvokeError", "MinistackServer", "build", "deploy"]

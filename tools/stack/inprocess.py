@@ -32,7 +32,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
@@ -74,11 +73,8 @@ DUE_GRACE_S = 0.3
 
 def _rate_seconds(expression: str) -> float:
     """Real seconds between runs of ``rate(N unit)`` (other expressions: a minute)."""
-    match = re.fullmatch(r"rate\((\d+) (minute|minutes|hour|hours|day|days)\)", expression.strip())
-    if not match:
-        return 60.0
-    unit = {"minute": 60, "hour": 3600, "day": 86400}[match.group(2).rstrip("s")]
-    return float(int(match.group(1)) * unit)
+    match = re.fullmatch(r"rate\((\d+) (minute|hour|day)s?\)", expression.strip())
+    return float(int(match.group(1)) * {"minute": 60, "hour": 3600, "day": 86400}[match.group(2)]) if match else 60.0
 
 
 def _environment_changed() -> None:
@@ -140,12 +136,9 @@ class InProcessStack(Stack):
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, sim_options: Mapping[str, Any] | None = None,
                  fast_retry: bool = True, log_path: Path | None = None, moto: MotoServer | None = None) -> None:
-        super().__init__()
+        super().__init__(time_scale, parameters, sim_options)
         self._given_moto = moto
-        self.time_scale = time_scale
-        self._overrides = dict(parameters or {})
         self._env = dict(env or {})
-        self._sim_options = dict(sim_options or {})
         self.fast_retry = fast_retry
         self.log_path = log_path or SCRATCH / "logs" / f"{os.getpid()}-handlers.log"
         self.step_hook: Callable[[str, str], None] | None = None
@@ -161,70 +154,57 @@ class InProcessStack(Stack):
 
     # -- starting ---------------------------------------------------------------------------------
     def _start(self, stack: ExitStack) -> None:
-        from sume_poller.clock import Clock
-        from tools.services import MotoServer, RedisServer
-        from tools.sume_sim import SumeSimulator
-        from tools.template import load, translate
+        """Create the template's stack in moto, set this process's environment to the functions'
+        (restored on exit), load their handlers."""
+        from sume_poller.observability import logger
+        from tools.services import MotoServer
+        from tools.template import create_stack, load, translate
 
-        self.clock = Clock(self.time_scale)
-        self.api_key = "sume_local_" + uuid.uuid4().hex
-        self.redis_server = stack.enter_context(RedisServer())
+        self._start_services(stack)
         if self._given_moto is None:
             self.moto = stack.enter_context(MotoServer())
         else:
             self.moto = self._given_moto
             self.moto.reset()
             stack.callback(self.moto.reset)
-        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
-                                                     **self._sim_options))
-        self.redis_url = self.redis_server.url
         self.client = aws_clients(self.moto.endpoint_url)
         self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
         self.translated = translate(load(TEMPLATE), self.parameters, REGION)
-        saved = dict(os.environ)
-        stack.callback(self._restore_environment, saved)
-        self._capture_output(stack)
-        self._provision()
-        self.modules = {lid: self._load_handler(lid) for lid in self.specs}
-
-    def _provision(self) -> None:
-        """Create the template's stack in moto and point the functions' environment at it."""
-        from tools.template import create_stack
-
         self.created = create_stack(self.client, self.translated, self.parameters)
-        self.outputs = self.created.outputs
-        self.specs = self.created.functions
-        order = list(self.specs)  # template order: fan-out before sweeps
-        self.schedules = sorted(self.created.schedules, key=order.index)
+        self.outputs, self.specs = self.created.outputs, self.created.functions
+        self.schedules = sorted(self.created.schedules, key=list(self.specs).index)  # template order: fan-out first
         self.schedule_period = min((_rate_seconds(e) for e in self.created.schedules.values()), default=60.0)
         self._next_schedule = time.monotonic() + self.schedule_period
         mapping = self.created.mappings["PollFunction"]
         self.batch_size, self.queue_arn = int(mapping["BatchSize"]), str(mapping["EventSourceArn"])
         self._store_key()
-        bus = self.parameters.get("EventBusName", "default")
-        if bus != "default":
+        if (bus := self.parameters.get("EventBusName", "default")) != "default":
             self.client("events").create_event_bus(Name=bus)
         self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
         self.sink = EventSink(self.client("sqs"), self.client("events"), bus)
-        self._apply_environment()
-
-    def _apply_environment(self) -> None:
-        """One process runs every function: set the union of their variables (they must agree)."""
-
+        # Handler logs (Powertools Logger) to log_path.
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        prune_stale(SCRATCH / "logs")
+        self._log: IO[str] = stack.enter_context(open(self.log_path, "a", encoding="utf-8"))  # noqa: SIM115
+        for handler in (h for h in logger.handlers if hasattr(h, "setStream")):
+            stack.callback(handler.setStream, handler.setStream(self._log))
+        # One process runs every function: the union of their variables (they must agree).
         env: dict[str, str] = {}
-        for spec in self.specs.values():
-            for key, value in spec.environment.items():
-                if env.setdefault(key, value) != value:
-                    raise ValueError(f"functions disagree on {key}: {env[key]!r} vs {value!r}")
-        env.update(CREDENTIALS)
-        env.update(AWS_ENDPOINT_URL=self.moto.endpoint_url, POWERTOOLS_METRICS_DISABLED="false")
-        env.update(self._env)
-        os.environ.update(env)
-        for spec in self.specs.values():  # what /opt/python is in Lambda
-            for layer in spec.layer_dirs:
-                if str(layer) not in sys.path:
-                    sys.path.insert(0, str(layer))
+        for key, value in ((k, v) for spec in self.specs.values() for k, v in spec.environment.items()):
+            if env.setdefault(key, value) != value:
+                raise ValueError(f"functions disagree on {key}: {env[key]!r} vs {value!r}")
+        stack.callback(self._restore_environment, dict(os.environ))
+        os.environ.update({**env, **CREDENTIALS, "AWS_ENDPOINT_URL": self.moto.endpoint_url,
+                           "POWERTOOLS_METRICS_DISABLED": "false", **self._env})
+        for layer in dict.fromkeys(str(layer) for spec in self.specs.values() for layer in spec.layer_dirs):
+            if layer not in sys.path:
+                sys.path.insert(0, layer)  # what /opt/python is in Lambda
         _environment_changed()
+        self.modules = {lid: self._load_handler(spec.code_dir, spec.handler, lid) for lid, spec in self.specs.items()}
+
+    def _store_key(self) -> None:
+        self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
+                                         Type="SecureString", Overwrite=True)
 
     @staticmethod
     def _restore_environment(saved: dict[str, str]) -> None:
@@ -232,22 +212,9 @@ class InProcessStack(Stack):
         os.environ.update(saved)
         _environment_changed()
 
-    def _capture_output(self, stack: ExitStack) -> None:
-        """Handler logs (Powertools Logger) to ``log_path``."""
-        from sume_poller.observability import logger
-
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        prune_stale(SCRATCH / "logs")
-        self._log: IO[str] = stack.enter_context(open(self.log_path, "a", encoding="utf-8"))  # noqa: SIM115
-        for handler in logger.handlers:
-            if hasattr(handler, "setStream"):
-                previous = handler.setStream(self._log)
-                stack.callback(handler.setStream, previous)
-
-    def _load_handler(self, logical_id: str) -> ModuleType:
-        spec = self.specs[logical_id]
-        module_name = spec.handler.rsplit(".", 1)[0]
-        path = spec.code_dir / f"{module_name.replace('.', '/')}.py"
+    @staticmethod
+    def _load_handler(code_dir: Path, handler: str, logical_id: str) -> ModuleType:
+        path = code_dir / f"{handler.rsplit('.', 1)[0].replace('.', '/')}.py"
         loader = importlib.util.spec_from_file_location(f"_stack_handler_{logical_id}", path)
         assert loader is not None and loader.loader is not None
         module = importlib.util.module_from_spec(loader)
@@ -282,14 +249,6 @@ class InProcessStack(Stack):
             WaitTimeSeconds=wait_seconds, AttributeNames=["All"], MessageAttributeNames=["All"])
         return list(reply.get("Messages", []))
 
-    def _record(self, message: Mapping[str, Any]) -> dict[str, Any]:
-        """A received message in the shape Lambda's SQS event source delivers it."""
-        return {"messageId": message["MessageId"], "receiptHandle": message["ReceiptHandle"],
-                "body": message["Body"], "attributes": dict(message.get("Attributes", {})),
-                "messageAttributes": dict(message.get("MessageAttributes", {})),
-                "md5OfBody": message.get("MD5OfBody", ""), "eventSource": "aws:sqs",
-                "eventSourceARN": self.queue_arn, "awsRegion": REGION}
-
     def _poll_runner(self) -> Any:
         """The handler's batch runner, with the stack's step hook and a report tap."""
         from sume_poller import runtime
@@ -299,9 +258,8 @@ class InProcessStack(Stack):
             run = runner.run
 
             def tapped(event: dict[str, Any], remaining_ms: Callable[[], int]) -> Any:
-                report = run(event, remaining_ms)
-                self.last_report = report
-                return report
+                self.last_report = run(event, remaining_ms)
+                return self.last_report
 
             setattr(runner, "run", tapped)  # noqa: B010 - an instance attribute over the method
             setattr(runner, "_stack_tap", True)  # noqa: B010
@@ -315,12 +273,15 @@ class InProcessStack(Stack):
         that raises (any BaseException but KeyboardInterrupt) is a crashed invocation: nothing is
         deleted and the crash is returned, not raised.
         """
-        records = [self._record(m) for m in messages]
+        records = [{"messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
+                    "attributes": dict(m.get("Attributes", {})), "md5OfBody": m.get("MD5OfBody", ""),
+                    "messageAttributes": dict(m.get("MessageAttributes", {})), "eventSource": "aws:sqs",
+                    "eventSourceARN": self.queue_arn, "awsRegion": REGION}
+                   for m in messages]  # as Lambda's SQS event source delivers them
         if duplicate:
             records += [{**r, "messageId": r["messageId"] + DUPLICATE_SUFFIX} for r in records]
         self._poll_runner()
         self.last_report = None
-        sqs = self.client("sqs")
         try:
             reply = self.invoke("PollFunction", {"Records": records})
         except KeyboardInterrupt:
@@ -336,14 +297,13 @@ class InProcessStack(Stack):
         if self.last_report is not None:
             self.outcomes.update(self.last_report.counts())
             queue = self._poll_runner().queue
-            for outcome in self.last_report.outcomes:
-                if outcome.send is not None:
-                    self.expect_visible(queue.real_delay(outcome.send.delay))
+            for send in (o.send for o in self.last_report.outcomes if o.send is not None):
+                self.expect_visible(queue.real_delay(send.delay))
         if failed and self.fast_retry:
             self.expect_visible(0.0)
         done = [m for m in messages if m["MessageId"] not in failed]
         for start in range(0, len(done), 10):
-            sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=[
+            self.client("sqs").delete_message_batch(QueueUrl=self.queue_url, Entries=[
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done[start:start + 10])])
         if self.fast_retry:
             self.make_visible([m for m in messages if m["MessageId"] in failed])
@@ -417,10 +377,6 @@ class InProcessStack(Stack):
         self._settled = None if done else (self._invocations, ids)
         return done
 
-    def _store_key(self) -> None:
-        self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
-                                         Type="SecureString", Overwrite=True)
-
     def reset(self) -> None:
         """A clean slate that keeps the stack (a CreateStack costs moto a tenth of a second, and
         tests reset hundreds of times): its queues (the event sink's too), table and buckets
@@ -434,13 +390,12 @@ class InProcessStack(Stack):
         self.table.clear()
         for bucket in self.created.of_type("AWS::S3::Bucket").values():
             for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
-                versions = [{"Key": v["Key"], "VersionId": v["VersionId"]}
-                            for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
-                if versions:
+                if versions := [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                                for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]:
                     s3.delete_objects(Bucket=bucket, Delete={"Objects": versions, "Quiet": True})
             for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):
                 s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-        ours = set(self.created.resources.values())
+        ours = {*self.created.resources.values(), self.parameters["SumeApiKeyName"]}
         names = [p["Name"] for page in ssm.get_paginator("describe_parameters").paginate()
                  for p in page["Parameters"] if p["Name"] not in ours]
         for start in range(0, len(names), 10):
