@@ -42,9 +42,10 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import SCRATCH
 from bench.report import Row, info_row, target_row
@@ -313,6 +314,17 @@ class Arm:
     label: str = ""
 
 
+class JobFacts(NamedTuple):
+    arrived: float  # clock offset of its arrival in the run
+    done: float  # clock offset of Sume finishing it
+    delay: float  # detection delay (not recorded: so far, a lower bound)
+    recorded: bool
+    kind: str
+    found_by: str | None
+    status_reads: int  # Sume's count, all the job's reads
+    result_reads: int
+
+
 @dataclass
 class BigResult:
     sweeps: bool
@@ -336,6 +348,12 @@ class BigResult:
     in_flight: int = 0  # ... of them with their chain's next message still queued (not lost)
     polls: int = 0
     wall: float = 0.0
+    tick_at: list[float] = field(default_factory=list)  # clock offset of each entry of ``pending``
+    jobs: dict[str, JobFacts] = field(default_factory=dict)  # every job submitted
+    rate_limited: int = 0  # in the window: reads Sume refused (429)
+    wrong_status: int = 0  # jobs recorded with another status than Sume's own
+    coverage_healthy: int = 0  # ticks at which sweeps' coverage let chains stretch (any kind)
+    aborted: bool = False  # ``stop`` ended the run early
 
     @property
     def per_job(self) -> float:
@@ -348,18 +366,27 @@ class BigResult:
 
 
 def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: int,
-            drain: float = 7_200.0) -> BigResult:
+            drain: float = 7_200.0, plan: list[tuple[Any, ...]] | None = None, day_at: float = 0.0,
+            spent: int = 0, stop: Callable[[BigResult], bool] | None = None) -> BigResult:
     """Real Poller, Sweeper, WebhookReceiver, Budget and leases on a real redis-server, the
     simulator over HTTP, a virtual clock; the driver plays submit (the record and first message),
     SQS, the schedule's ticks (fan-out's pending count, the sweep function) and Sume's webhook
     sender. After the window, arrivals stop and the run goes on (up to ``drain`` clock seconds)
-    until every job is recorded: a job still pending then counts as never recorded."""
+    until every job is recorded: a job still pending then counts as never recorded.
+
+    ``plan``: the arrivals, (clock offset, kind, duration[, sim directives]) - ``age`` among the
+    directives seeds a job created that long before its arrival (default: a Poisson stream that
+    keeps ``arm.pending`` pending). ``day_at``: the run starts this many clock seconds into a UTC
+    day; ``spent``: reads of that day the limiter counts as spent before the run (its
+    ``day_used``, as an earlier part of the day would have left it). ``stop``: asked at each tick,
+    True ends the run there (``aborted``; the window's reads are counted up to then)."""
     import heapq
 
     from bench.fig_budget import START, VirtualClock
     from bench.harness import DetachedQueue, make_poller, virtual_poll_settings
     from sume_poller.budget import Budget
     from sume_poller.coverage import CoverageStore, CoverageView
+    from sume_poller.jobs import canonical_terminal_status
     from sume_poller.lease import LeaseStore, new_token
     from sume_poller.messages import PollMessage, parse_message
     from sume_poller.queue import Outgoing, PollQueue
@@ -372,7 +399,8 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     from tools.sume_sim import SumeSimulator
 
     day = 86_400
-    clock = VirtualClock(START)
+    start = START + day_at
+    clock = VirtualClock(start)
     key, prefix = "sume_bench_" + uuid.uuid4().hex, f"bench:disc:{uuid.uuid4().hex[:6]}:"
     per_minute, per_day = arm.budget
     heap: list[tuple[float, int, str, Any]] = []
@@ -405,6 +433,8 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
         client = connect(settings.redis)
         lease, store, bus = LeaseStore(client, prefix), _MemoryStore(), _Bus()
         budget = Budget(client, f"{prefix}!budget:reads", per_minute, per_day, clock.now, early=0.5)
+        if spent:
+            client.hset(budget.key, mapping={"day_used": spent, "day_reset": int((START + day) * 1000)})
         coverage = CoverageStore(client, prefix)
         sume = SumeClient(sim.base_url, lambda: key)
         poller = make_poller(settings, lease=lease, budget=budget, sume=sume, store=store, bus=bus,
@@ -413,16 +443,18 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
         side_queue = HeapQueue("memory://side", clock, sqs=object())
         receiver = WebhookReceiver(clock, secret=lambda: secret, tolerance=300.0, store=store,  # type: ignore[arg-type]
                                    lease=lease, queue=side_queue, handover_ttl_real=600.0, coverage=coverage)
-        mean = sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) * arm.duration_x
-        plan = arrivals(arm.pending / (mean + arm.tick / 2), warmup + measure, seed)
-        for at, kind, duration in plan:
-            push(START + at, "arrive", (kind, duration * arm.duration_x))
-        w0, end = START + warmup, START + warmup + measure
+        if plan is None:
+            mean = sum(m * math.exp(s * s / 2) for m, s in KINDS.values()) / len(KINDS) * arm.duration_x
+            plan = arrivals(arm.pending / (mean + arm.tick / 2), warmup + measure, seed)
+        for at, kind, duration, *extra in plan:
+            push(start + at, "arrive", (kind, duration * arm.duration_x, extra[0] if extra else {}))
+        w0, end = start + warmup, start + warmup + measure
         for n in range(1, int((warmup + measure + drain) // arm.tick) + 1):
-            push(START + n * arm.tick, "tick", None)
+            push(start + n * arm.tick, "tick", None)
         push(w0, "snapshot", None)
         push(end, "snapshot", None)
         ids: list[str] = []
+        born: dict[str, float] = {}
         snaps: list[dict[str, Any]] = []
         started = time.monotonic()
 
@@ -441,18 +473,21 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
             at, _, what, payload = heapq.heappop(heap)
             clock.t = max(clock.t, at)
             if what == "arrive":
-                kind, duration = payload
+                kind, duration, directives = payload
                 if store.pending >= arm.pending:  # the stream keeps the wanted number pending
                     result.capped += 1
                     continue
-                job_id = sim.seed_job(kind, {"duration": duration, "hints": False},
+                directives = dict(directives)
+                age = float(directives.pop("age", 0.0))
+                job_id = sim.seed_job(kind, {"duration": duration, "hints": False, **directives}, age=age,
                                       webhook_url="https://hooks.invalid/sume" if hooks else None)
                 ids.append(job_id)
-                store.put_pending(job_id, kind, now=at, deadline_at=int(at) + 10 * day)
+                born[job_id] = at - start
+                store.put_pending(job_id, kind, now=at - age, deadline_at=int(at) + 10 * day)
                 token = new_token()
                 lease.start(job_id, token, day * 1000)
                 push(at, "msg", PollMessage(job_id=job_id, kind=kind, deadline_at=int(at) + 10 * day, due_at=at,
-                                            token=token, seq=0, submitted_at=int(at)).to_json())
+                                            token=token, seq=0, submitted_at=int(at - age)).to_json())
             elif what == "msg":
                 outcome = poller.process(parse_message(payload), Deadline(30.0))
                 result.polls += 1
@@ -464,6 +499,10 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                     break  # drained
                 pending = store.pending
                 result.pending.append(pending)
+                result.tick_at.append(clock.t - start)
+                if stop is not None and stop(result):
+                    result.aborted = True
+                    break
                 budget.set_pending(pending)  # what fan-out counts and tells the limiter
                 if arm.sweeps:
                     report = Sweeper(SweepSettings(arm.tick, read_share=arm.read_share), clock, sume=sume,
@@ -474,12 +513,16 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                     result.handed_over += report.handed_over
                     why = report.why_not or report.incomplete_reason or "complete"
                     result.sweep_why_not[re.sub(r"[\d.]+", "N", why)] += 1
+                    snapshot = coverage.snapshot(clock.t)
+                    result.coverage_healthy += any(snapshot.stretches(k, clock.t) for k in snapshot.covered)
             else:
                 snaps.append(sim.stats())
         result.wall = time.monotonic() - started
         queued = {json.loads(payload)["job_id"] for _, _, what, payload in heap if what == "msg"}
+        while len(snaps) < 2:  # stopped early
+            snaps.append(sim.stats())
         (s0, s1) = snaps
-        for name in ("status_reads", "result_reads", "list_reads"):
+        for name in ("status_reads", "result_reads", "list_reads", "rate_limited"):
             setattr(result, name, s1[name] - s0[name])
         result.reads = result.status_reads + result.result_reads + result.list_reads
         result.arrived = len(ids)
@@ -493,9 +536,15 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
             else:
                 result.never_recorded += 1
                 result.in_flight += job_id in queued
-            done_at = _when(sim.job_info(job_id)["terminal_at"])
+            info = sim.job_info(job_id)
+            done_at = _when(info["terminal_at"])
+            if recorded and record["status"] != canonical_terminal_status(str(info["status"])):
+                result.wrong_status += 1
+            delay = (record["terminal_at"] if recorded else clock.t) - done_at
             if w0 <= done_at < end:
-                result.delays.append((record["terminal_at"] if recorded else clock.t) - done_at)
+                result.delays.append(delay)
+            result.jobs[job_id] = JobFacts(born[job_id], done_at - start, delay, recorded, record["kind"],
+                                           record.get("found_by"), info["status_reads"], info["result_reads"])
         result.twice = sum(1 for n in bus.events.values() if n > 1)
         client.flushdb()
     return result
