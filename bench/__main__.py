@@ -22,6 +22,9 @@ Figures (column "ratio" is the number the target applies to):
             whole system - each vs the limiter off
   9         list sweeps: reads per job with sweeps / chains only, with many jobs pending and with too
             few for sweeps to pay (they then do not run)
+  10        how many jobs one key serves at Sume's 120/min and 10,000/day: capacity by bisection (chains
+            only, sweeps, webhooks) against the limit, 1,000 pending long jobs, two list-miss modes,
+            bursts against the day budget (a virtual clock, bench/fig_capacity.py)
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 from bench import ROOT, SCRATCH
 from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,7 +77,7 @@ def _selected(only: str) -> dict[str, str]:
     """{"1": "abc", "2": "", ...} from "1a,1c,2"."""
     chosen: dict[str, str] = {}
     for part in (p.strip() for p in only.split(",") if p.strip()):
-        figure, sub = part[0], part[1:]
+        figure, sub = re.fullmatch(r"(\d*)(.*)", part).groups()  # type: ignore[union-attr]
         if figure not in FIGURES or (sub and (figure != "1" or set(sub) - set("abc"))):
             raise SystemExit(f"unknown figure {part!r}; figures are {', '.join(FIGURES)} (1a, 1b, 1c for one of 1)")
         chosen[figure] = chosen.get(figure, "") + (sub or "abc")
@@ -137,6 +140,9 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "9" in chosen:
         from bench import fig_discovery
         _guard(rows, "9 list sweeps", "see 9", lambda: fig_discovery.measure(quick=quick, seed=args.seed))
+    if "10" in chosen:
+        from bench import fig_capacity
+        _guard(rows, "10 key capacity", "see 10", lambda: fig_capacity.measure(quick=quick, seed=args.seed))
     if "6" in chosen:
         from bench import fig_e2e
         if args.skip_e2e:
