@@ -1,29 +1,25 @@
-"""A TCP proxy between a Redis client and server that loses, delays or replaces replies on demand.
-
-For tests of what a real network (and an ElastiCache failover) does to Redis commands, with a
-real client and a real server::
+"""A TCP proxy between a Redis client and server that loses, delays or replaces replies on demand:
+what a real network (and an ElastiCache failover) does to Redis commands, with a real client and
+a real server::
 
     with RedisServer() as server, FaultProxy("127.0.0.1", server.port) as proxy:
         client = redis.Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         proxy.drop_reply("SET")
         client.set("k", "v")  # raises redis.ConnectionError, yet k is set on the server
 
-Faults are armed for the next ``times`` commands with a given name (case-insensitive):
-
-* :meth:`FaultProxy.drop_reply`: the command reaches the server and runs; its reply is dropped
-  and the client's connection closed. The client sees a connection error after the effect.
-* :meth:`FaultProxy.delay_reply`: the reply is held for some seconds (past the client's socket
-  timeout that is a timeout, the command having run), then delivered.
-* :meth:`FaultProxy.inject_error`: the command never reaches the server; the client gets an error
-  reply instead (e.g. ``READONLY ...``, what clients see after a failover).
-* :meth:`FaultProxy.refuse` / :meth:`FaultProxy.accept`: an outage: existing connections are
-  closed, new ones closed at once; and back.
+A fault is armed for the next ``times`` commands of a name (any case): :meth:`~FaultProxy.drop_reply`
+(the command runs; its reply is dropped and the client's connection closed),
+:meth:`~FaultProxy.delay_reply` (the reply is held some seconds: past the client's socket timeout
+that is a timeout, the command having run), :meth:`~FaultProxy.inject_error` (the command never
+reaches the server; the client gets an error reply instead, e.g. ``READONLY ...`` after a
+failover). :meth:`~FaultProxy.refuse` / :meth:`~FaultProxy.accept`: an outage (connections closed,
+new ones closed at once), and back.
 
 The proxy reads just enough RESP to find where each command ends in the client's byte stream
 (pipelines included) and which server reply answers it: on one connection, replies come in the
 order of the commands. RESP2 and RESP3 values are framed; out-of-band RESP3 pushes (client
-tracking, pub/sub) are not matched to commands and pass through. Standard library only: one
-thread accepts, each connection has two threads pumping bytes.
+tracking, pub/sub) are not matched to commands. Standard library only: one thread accepts, each
+connection has two threads pumping bytes.
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ from tools.services import Lifecycle
 
 __all__ = ["FaultProxy"]
 
-_RECV_BYTES = 65536
 _LINE_TYPES = b"+-:_,#("  # simple string, error, integer, null, double, boolean, big number
 _BLOB_TYPES = b"$!="  # bulk string, bulk error, verbatim string
 _AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2, ord("|"): 2}  # items per count
@@ -63,43 +58,33 @@ def _value_end(buf: bytearray, pos: int) -> int | None:
     except ValueError:
         raise _NotResp(bytes(buf[pos:after])) from None
     if kind in _BLOB_TYPES:
-        end = after + size + 2
-        return after if size < 0 else (end if len(buf) >= end else None)
+        return after if size < 0 else (after + size + 2 if len(buf) >= after + size + 2 else None)
     if kind not in _AGGREGATES:
         raise _NotResp(bytes(buf[pos:after]))
     end = after
     for _ in range(max(size, 0) * _AGGREGATES[kind]):
-        item_end = _value_end(buf, end)
-        if item_end is None:
+        if (item := _value_end(buf, end)) is None:
             return None
-        end = item_end
-    if kind == ord("|"):  # an attribute comes before the value it describes
-        return _value_end(buf, end)
-    return end
+        end = item
+    return _value_end(buf, end) if kind == ord("|") else end  # an attribute comes before its value
 
 
 def _command_end(buf: bytearray) -> tuple[int, str] | None:
     """(end, upper-case name) of the client command at the start of ``buf``; None while incomplete.
-
-    Clients send arrays of bulk strings; redis-cli style inline commands (one text line) are
-    understood too.
-    """
+    Clients send arrays of bulk strings; inline commands (one text line, as redis-cli) are read too."""
     if buf[:1] != b"*":
-        eol = buf.find(b"\n")
-        if eol < 0:
+        if (eol := buf.find(b"\n")) < 0:
             return None
         words = bytes(buf[:eol]).split()
         return eol + 1, words[0].decode(errors="replace").upper() if words else ""
-    end = _value_end(buf, 0)
-    if end is None:
+    if (end := _value_end(buf, 0)) is None:
         return None
-    name = ""
     first = buf.find(b"\r\n") + 2  # the array's first item: $<len>\r\n<name>\r\n
-    if buf[first : first + 1] == b"$":
-        size_end = buf.find(b"\r\n", first)
-        size = int(buf[first + 1 : size_end])
-        name = bytes(buf[size_end + 2 : size_end + 2 + size]).decode(errors="replace").upper()
-    return end, name
+    if buf[first : first + 1] != b"$":
+        return end, ""
+    size_end = buf.find(b"\r\n", first)
+    name = bytes(buf[size_end + 2 : size_end + 2 + int(buf[first + 1 : size_end])])
+    return end, name.decode(errors="replace").upper()
 
 
 @dataclass
@@ -130,20 +115,12 @@ class _Link:
     """One client connection and the proxy's own connection to the server for it."""
 
     def __init__(self, proxy: FaultProxy, client: socket.socket, server: socket.socket) -> None:
-        self.proxy = proxy
-        self.client = client
-        self.server = server
+        self.proxy, self.client, self.server = proxy, client, server
         self.pending: deque[_Pending] = deque()
         self.lock = threading.Lock()  # guards ``pending`` and writes to the client
         self.closed = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._pump, args=(client, self._on_command), daemon=True),
-            threading.Thread(target=self._pump, args=(server, self._on_reply), daemon=True),
-        ]
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
+        self.threads = [threading.Thread(target=self._pump, args=(client, self._on_command), daemon=True),
+                        threading.Thread(target=self._pump, args=(server, self._on_reply), daemon=True)]
 
     def close(self) -> None:
         with self.lock:
@@ -152,17 +129,15 @@ class _Link:
             self.closed.set()
         _close(self.client)
         _close(self.server)
-        self.proxy._forget(self)
+        with self.proxy._lock:
+            self.proxy._links.discard(self)
 
     def _pump(self, source: socket.socket, handle: Callable[[bytearray], bool]) -> None:
         """Read ``source`` until it closes, handing the buffer to ``handle`` after each read;
         ``handle`` consumes the complete messages and says False to end the connection."""
         buf = bytearray()
         try:
-            while not self.closed.is_set():
-                data = source.recv(_RECV_BYTES)
-                if not data:
-                    break
+            while not self.closed.is_set() and (data := source.recv(65536)):
                 buf += data
                 if not handle(buf):
                     break
@@ -170,8 +145,6 @@ class _Link:
             pass
         finally:
             self.close()
-
-    # -- client to server -------------------------------------------------------------------
 
     def _on_command(self, buf: bytearray) -> bool:
         while (framed := _command_end(buf)) is not None:
@@ -183,11 +156,11 @@ class _Link:
                 continue
             fault = self.proxy._take_fault(name)
             with self.lock:
-                if fault is not None and fault.kind == "inject_error":
-                    self.pending.append(_Pending(name, fault, injected=fault.error))
+                injected = fault.error if fault is not None and fault.kind == "inject_error" else None
+                self.pending.append(_Pending(name, fault, injected))
+                if injected is not None:
                     self._flush_injected()
                     continue
-                self.pending.append(_Pending(name, fault))
             self.server.sendall(command)
         return True
 
@@ -198,8 +171,6 @@ class _Link:
             self.proxy._applied(entry)  # counted before the client can see it
             self.client.sendall(entry.injected or b"")
 
-    # -- server to client -------------------------------------------------------------------
-
     def _on_reply(self, buf: bytearray) -> bool:
         while (end := _value_end(buf, 0)) is not None:
             reply = bytes(buf[:end])
@@ -207,12 +178,9 @@ class _Link:
             with self.lock:  # the first pending entry is never an injected one: those are flushed
                 entry = self.pending[0] if self.pending else None
             fault = entry.fault if entry is not None else None
-            if entry is not None and fault is not None and fault.kind == "drop_reply":
+            if entry is not None and fault is not None and fault.kind != "inject_error":
                 self.proxy._applied(entry)
-                return False
-            if entry is not None and fault is not None and fault.kind == "delay_reply":
-                self.proxy._applied(entry)
-                if self.closed.wait(fault.seconds):
+                if fault.kind == "drop_reply" or self.closed.wait(fault.seconds):
                     return False
             with self.lock:
                 if entry is not None:
@@ -235,15 +203,12 @@ class FaultProxy(Lifecycle):
         self._links: set[_Link] = set()
         self._seen: Counter[str] = Counter()
         self._applied_counts: Counter[tuple[str, str]] = Counter()
-        self._refusing = False
-        self._stopping = False
+        self._refusing = self._stopping = False
         self._accepter: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
-
-    # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> Self:
         if self._accepter is None:
@@ -262,14 +227,10 @@ class FaultProxy(Lifecycle):
                 socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
             self._accepter.join(timeout=5.0)
         self._listener.close()
-        links = self._close_links()
-        for link in links:
-            for thread in link.threads:
-                if thread is not threading.current_thread():
-                    thread.join(timeout=5.0)
+        for thread in (t for link in self._close_links() for t in link.threads if t is not threading.current_thread()):
+            thread.join(timeout=5.0)
 
     # -- faults -----------------------------------------------------------------------------
-
     def drop_reply(self, command: str, times: int = 1) -> None:
         """The next ``times`` ``command``s run on the server; their replies are dropped and the
         client's connection closed."""
@@ -299,7 +260,6 @@ class FaultProxy(Lifecycle):
         self._refusing = False
 
     # -- counters ---------------------------------------------------------------------------
-
     @property
     def seen(self) -> Counter[str]:
         """Commands received from clients, by upper-case name (injected ones included)."""
@@ -319,7 +279,6 @@ class FaultProxy(Lifecycle):
             return len(self._links)
 
     # -- internals --------------------------------------------------------------------------
-
     def _arm(self, fault: _Fault) -> None:
         if fault.times < 1:
             raise ValueError(f"times must be at least 1, got {fault.times}")
@@ -330,22 +289,17 @@ class FaultProxy(Lifecycle):
         """Count a command and take one use of the first fault armed for it."""
         with self._lock:
             self._seen[command] += 1
-            for fault in self._faults:
-                if fault.command == command:
-                    fault.times -= 1
-                    if fault.times == 0:
-                        self._faults.remove(fault)
-                    return fault
-        return None
+            fault = next((f for f in self._faults if f.command == command), None)
+            if fault is not None:
+                fault.times -= 1
+                if fault.times == 0:
+                    self._faults.remove(fault)
+            return fault
 
     def _applied(self, entry: _Pending) -> None:
         assert entry.fault is not None
         with self._lock:
             self._applied_counts[entry.fault.kind, entry.command] += 1
-
-    def _forget(self, link: _Link) -> None:
-        with self._lock:
-            self._links.discard(link)
 
     def _close_links(self) -> list[_Link]:
         with self._lock:
@@ -366,21 +320,16 @@ class FaultProxy(Lifecycle):
             if self._refusing:
                 _close(client)
                 continue
-            self._connect(client)
-
-    def _connect(self, client: socket.socket) -> None:
-        try:
-            server = socket.create_connection(self.target, timeout=self.connect_timeout)
-        except OSError:
-            _close(client)
-            return
-        server.settimeout(None)
-        for sock in (client, server):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link = _Link(self, client, server)
-        with self._lock:
-            self._links.add(link)
-        link.start()
-
-    def __repr__(self) -> str:
-        return f"FaultProxy(port={self.port}, target={self.target[0]}:{self.target[1]})"
+            try:
+                server = socket.create_connection(self.target, timeout=self.connect_timeout)
+            except OSError:
+                _close(client)
+                continue
+            server.settimeout(None)
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = _Link(self, client, server)
+            with self._lock:
+                self._links.add(link)
+            for thread in link.threads:
+                thread.start()

@@ -97,8 +97,10 @@ class Service(TCPExecutor):  # type: ignore[misc]
         except (ProcessExitedWithError, TimeoutExpired) as error:
             what = (f"exited with code {error.exit_code}" if isinstance(error, ProcessExitedWithError)
                     else f"did not answer within {self._timeout:g} s")
+            self._log.flush()
+            self._log.seek(0)
             raise ServiceError(f"{self.name} {what} on port {self.port}\ncommand: {' '.join(self.command_parts)}\n"
-                               f"output tail:\n{self.output_tail()}") from error
+                               f"output tail:\n{self._log.read()[-4000:]}") from error
         return self
 
     def stop(self, *args: Any, **kwargs: Any) -> Self:
@@ -109,15 +111,6 @@ class Service(TCPExecutor):  # type: ignore[misc]
     def restart(self) -> Self:
         """Stop and start again on the same port (e.g. to simulate an outage)."""
         return self.stop().start()
-
-    def output_tail(self, limit: int = 4000) -> str:
-        """The end of what the child wrote to stdout/stderr."""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read()[-limit:]
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(port={self.port}, pid={self.pid})"
@@ -157,12 +150,13 @@ class RedisServer(Service):
             raise ValueError(f"ACL user name must be one word, got {acl_user[0]!r}")
         self.password, self.acl_user = password, acl_user
         self._dir = tempfile.TemporaryDirectory(prefix="redis-")
+        self.directory = Path(self._dir.name)
         users = ""
         if acl_user is not None:
             users = f"user default off\nuser {acl_user[0]} on {_acl_rule(acl_user[1])} ~* &* +@all\n"
         elif password is not None:  # what requirepass does, by hash
             users = f"user default on {_acl_rule(password)} ~* &* +@all\n"
-        config = Path(self._dir.name) / "users.conf"
+        config = self.directory / "users.conf"
         config.write_text(users, encoding="utf-8")
         config.chmod(0o600)
         port = port or free_port()
@@ -180,42 +174,26 @@ class RedisServer(Service):
     @property
     def credentials(self) -> Credentials | None:
         """(username, password) to AUTH with: (None, password) for the default user, None when open."""
-        if self.acl_user is not None:
-            return self.acl_user
-        return None if self.password is None else (None, self.password)
-
-    @property
-    def directory(self) -> Path:
-        return Path(self._dir.name)
+        return self.acl_user if self.acl_user is not None else (
+            None if self.password is None else (None, self.password))
 
 
 class RedisCluster(Lifecycle):
     """``masters`` redis-server nodes in cluster mode without replicas, joined with
-    ``redis-cli --cluster create``: the shape of ElastiCache cluster mode (and Serverless).
-
-    Ready when ``CLUSTER INFO`` says ``cluster_state:ok`` on every node. ``.url`` is the first
-    node (cluster clients discover the others); ``.nodes`` lists every ``(host, port)``.
-    """
+    ``redis-cli --cluster create``: the shape of ElastiCache cluster mode (and Serverless). Ready
+    when ``CLUSTER INFO`` says ``cluster_state:ok`` on every node. ``.url`` is the first node
+    (cluster clients discover the others); ``.nodes`` lists every ``(host, port)``."""
 
     def __init__(self, masters: int = 3, password: str | None = None, ready_timeout: float = READY_TIMEOUT_S) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
         self.password = password
+        self.credentials: Credentials | None = None if password is None else (None, password)
         self.ready_timeout = ready_timeout
         self.servers = [RedisServer(ready_timeout=ready_timeout, password=password, cluster=True)
                         for _ in range(masters)]
-
-    @property
-    def nodes(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", server.port) for server in self.servers]
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.servers[0].port}"
-
-    @property
-    def credentials(self) -> Credentials | None:
-        return None if self.password is None else (None, self.password)
+        self.nodes = [("127.0.0.1", server.port) for server in self.servers]
+        self.url = f"redis://127.0.0.1:{self.servers[0].port}"
 
     def running(self) -> bool:
         return all(server.running() for server in self.servers)
@@ -227,7 +205,17 @@ class RedisCluster(Lifecycle):
         try:
             for server in self.servers:
                 server.start()
-            self._create()
+            command = [_binary("redis-cli"), "--cluster", "create", *(f"{h}:{p}" for h, p in self.nodes),
+                       "--cluster-replicas", "0", "--cluster-yes"]
+            # REDISCLI_AUTH is redis-cli's -a without the password in the process list (or its warning).
+            env = {**os.environ, "REDISCLI_AUTH": self.password} if self.password is not None else None
+            try:
+                done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                      timeout=self.ready_timeout, check=False)
+            except subprocess.TimeoutExpired as error:
+                raise ServiceError(f"{' '.join(command)} did not finish within {self.ready_timeout:g} s") from error
+            if done.returncode != 0:
+                raise ServiceError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
             self._wait_ok()
         except BaseException:
             self.stop()
@@ -240,19 +228,6 @@ class RedisCluster(Lifecycle):
             server.stop()
             for path in server.directory.glob("nodes-*.conf"):
                 path.unlink()
-
-    def _create(self) -> None:
-        command = [_binary("redis-cli"), "--cluster", "create", *(f"{h}:{p}" for h, p in self.nodes),
-                   "--cluster-replicas", "0", "--cluster-yes"]
-        # REDISCLI_AUTH is redis-cli's -a without the password in the process list (or its warning).
-        env = {**os.environ, "REDISCLI_AUTH": self.password} if self.password is not None else None
-        try:
-            done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=self.ready_timeout, check=False)
-        except subprocess.TimeoutExpired as error:
-            raise ServiceError(f"{' '.join(command)} did not finish within {self.ready_timeout:g} s") from error
-        if done.returncode != 0:
-            raise ServiceError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout}{done.stderr}")
 
     def _wait_ok(self) -> None:
         import redis
@@ -270,9 +245,6 @@ class RedisCluster(Lifecycle):
         finally:
             for client in clients:
                 client.close()
-
-    def __repr__(self) -> str:
-        return f"RedisCluster(nodes={self.nodes}, running={self.running()})"
 
 
 def speed_up_moto() -> None:
@@ -309,10 +281,7 @@ class MotoServer(Service):
         env = {**os.environ, "MOTO_SQS_ENFORCE_STRICT_QUEUE_PURGE_BEHAVIOUR": "false"}
         super().__init__([sys.executable, "-c", main, "-H", "127.0.0.1", "-p", str(port)], port, ready_timeout,
                          cwd=str(ROOT), env=env)
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self.endpoint_url = f"http://127.0.0.1:{port}"
 
     def reset(self) -> None:
         """Forget every resource moto holds (POST /moto-api/reset)."""
