@@ -39,7 +39,7 @@ from rich.table import Table
 
 from sume_poller.coverage import CoverageStore
 from tools.ops import model_lines
-from tools.stack import BACKENDS, SetupError, Stack, open_stack
+from tools.stack import SetupError, Stack
 
 KINDS = ["image", "image", "image", "video", "ad_video", "face_swap", "reference_analysis"]
 OUTCOMES = ["completed"] * 14 + ["failed", "failed", "canceled", "expired"]
@@ -194,7 +194,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=BACKENDS, default="deployed")
+    parser.add_argument("--backend", choices=["deployed", "inprocess"], default="deployed")
     parser.add_argument("--jobs", type=int, default=300, help="submissions (face swap makes 2 jobs each)")
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per clock second (0 < s <= 1)")
     parser.add_argument("--seed", type=int, default=7)
@@ -205,9 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
+    if args.backend == "inprocess":
+        from tools.stack.inprocess import InProcessStack as backend
+    else:
+        from tools.stack.deployed import DeployedStack as backend  # type: ignore[assignment]
     try:
-        with open_stack(args.backend, time_scale=args.time_scale,
-                        parameters={**DEMO_PARAMETERS, **dict(args.param)}) as stack:
+        with backend(time_scale=args.time_scale, parameters={**DEMO_PARAMETERS, **dict(args.param)}) as stack:
             summary, lost, doubled = run(stack, args.jobs, args.seed, args.timeout, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; everything the demo started is stopped[/yellow]")
