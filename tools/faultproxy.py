@@ -18,19 +18,19 @@ new ones closed at once), and back.
 The proxy reads just enough RESP to find where each command ends in the client's byte stream
 (pipelines included) and which server reply answers it: on one connection, replies come in the
 order of the commands. RESP2 and RESP3 values are framed; out-of-band RESP3 pushes (client
-tracking, pub/sub) are not matched to commands. Standard library only: one thread accepts, each
-connection has two threads pumping bytes.
+tracking, pub/sub) are not matched to commands. Standard library only: an asyncio event loop in
+a thread of its own serves every connection.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 from tools.services import Lifecycle
 
@@ -96,100 +96,6 @@ class _Fault:
     error: bytes = b""
 
 
-@dataclass
-class _Pending:
-    """A command whose reply the client waits for (replies go back in command order)."""
-
-    command: str
-    fault: _Fault | None = None
-    injected: bytes | None = None  # the reply the proxy answers itself, without the server
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked in recv()
-    sock.close()
-
-
-class _Link:
-    """One client connection and the proxy's own connection to the server for it."""
-
-    def __init__(self, proxy: FaultProxy, client: socket.socket, server: socket.socket) -> None:
-        self.proxy, self.client, self.server = proxy, client, server
-        self.pending: deque[_Pending] = deque()
-        self.lock = threading.Lock()  # guards ``pending`` and writes to the client
-        self.closed = threading.Event()
-        self.threads = [threading.Thread(target=self._pump, args=(client, self._on_command), daemon=True),
-                        threading.Thread(target=self._pump, args=(server, self._on_reply), daemon=True)]
-
-    def close(self) -> None:
-        with self.lock:
-            if self.closed.is_set():
-                return
-            self.closed.set()
-        _close(self.client)
-        _close(self.server)
-        with self.proxy._lock:
-            self.proxy._links.discard(self)
-
-    def _pump(self, source: socket.socket, handle: Callable[[bytearray], bool]) -> None:
-        """Read ``source`` until it closes, handing the buffer to ``handle`` after each read;
-        ``handle`` consumes the complete messages and says False to end the connection."""
-        buf = bytearray()
-        try:
-            while not self.closed.is_set() and (data := source.recv(65536)):
-                buf += data
-                if not handle(buf):
-                    break
-        except (OSError, _NotResp):
-            pass
-        finally:
-            self.close()
-
-    def _on_command(self, buf: bytearray) -> bool:
-        while (framed := _command_end(buf)) is not None:
-            end, name = framed
-            command = bytes(buf[:end])
-            del buf[:end]
-            if not name:  # an empty line or array: the server ignores it, no reply comes
-                self.server.sendall(command)
-                continue
-            fault = self.proxy._take_fault(name)
-            with self.lock:
-                injected = fault.error if fault is not None and fault.kind == "inject_error" else None
-                self.pending.append(_Pending(name, fault, injected))
-                if injected is not None:
-                    self._flush_injected()
-                    continue
-            self.server.sendall(command)
-        return True
-
-    def _flush_injected(self) -> None:
-        """Send the injected replies that are now first in line (lock held)."""
-        while self.pending and self.pending[0].injected is not None:
-            entry = self.pending.popleft()
-            self.proxy._applied(entry)  # counted before the client can see it
-            self.client.sendall(entry.injected or b"")
-
-    def _on_reply(self, buf: bytearray) -> bool:
-        while (end := _value_end(buf, 0)) is not None:
-            reply = bytes(buf[:end])
-            del buf[:end]
-            with self.lock:  # the first pending entry is never an injected one: those are flushed
-                entry = self.pending[0] if self.pending else None
-            fault = entry.fault if entry is not None else None
-            if entry is not None and fault is not None and fault.kind != "inject_error":
-                self.proxy._applied(entry)
-                if fault.kind == "drop_reply" or self.closed.wait(fault.seconds):
-                    return False
-            with self.lock:
-                if entry is not None:
-                    self.pending.popleft()
-                self.client.sendall(reply)
-                self._flush_injected()
-        return True
-
-
 class FaultProxy(Lifecycle):
     """Forward ``127.0.0.1:port`` to ``target_host:target_port`` and apply the armed faults."""
 
@@ -198,37 +104,38 @@ class FaultProxy(Lifecycle):
         self.connect_timeout = connect_timeout
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port: int = self._listener.getsockname()[1]
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the faults and counters, shared with the caller's thread
         self._faults: list[_Fault] = []
-        self._links: set[_Link] = set()
         self._seen: Counter[str] = Counter()
-        self._applied_counts: Counter[tuple[str, str]] = Counter()
-        self._refusing = self._stopping = False
-        self._accepter: threading.Thread | None = None
+        self._applied: Counter[tuple[str, str]] = Counter()
+        self._links: dict[asyncio.Task[None], list[asyncio.StreamWriter]] = {}  # each link's two connections
+        self._refusing = False
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.Server | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> Self:
-        if self._accepter is None:
-            self._accepter = threading.Thread(target=self._accept_loop, name=f"faultproxy-{self.port}", daemon=True)
-            self._accepter.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True)
+            self._thread.start()
+            self._server = self._call(asyncio.start_server(self._link, sock=self._listener))
         return self
 
     def stop(self) -> None:
-        """Stop accepting, close every connection and wait for the threads."""
-        with self._lock:
-            if self._stopping:
-                return
-            self._stopping = True
-        if self._accepter is not None:
-            with contextlib.suppress(OSError):  # wakes accept() (closing the socket does not, everywhere)
-                socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
-            self._accepter.join(timeout=5.0)
+        """Stop accepting, close every connection and the loop."""
+        if self._thread is not None and self._loop.is_running():
+            self._call(self._close_links(stop=True))
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5.0)
+            self._loop.close()
         self._listener.close()
-        for thread in (t for link in self._close_links() for t in link.threads if t is not threading.current_thread()):
-            thread.join(timeout=5.0)
+
+    def _call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10.0)
 
     # -- faults -----------------------------------------------------------------------------
     def drop_reply(self, command: str, times: int = 1) -> None:
@@ -253,7 +160,7 @@ class FaultProxy(Lifecycle):
     def refuse(self) -> None:
         """An outage: close every connection now and every new one as soon as it is accepted."""
         self._refusing = True
-        self._close_links()
+        self._call(self._close_links())
 
     def accept(self) -> None:
         """End the outage: new connections are forwarded again."""
@@ -270,13 +177,12 @@ class FaultProxy(Lifecycle):
     def applied(self) -> Counter[tuple[str, str]]:
         """Faults applied, by (fault, command): e.g. ``applied["drop_reply", "SET"]``."""
         with self._lock:
-            return Counter(self._applied_counts)
+            return Counter(self._applied)
 
     @property
     def connections(self) -> int:
         """Client connections open now."""
-        with self._lock:
-            return len(self._links)
+        return len(self._links)
 
     # -- internals --------------------------------------------------------------------------
     def _arm(self, fault: _Fault) -> None:
@@ -296,40 +202,86 @@ class FaultProxy(Lifecycle):
                     self._faults.remove(fault)
             return fault
 
-    def _applied(self, entry: _Pending) -> None:
-        assert entry.fault is not None
+    def _count(self, fault: _Fault, command: str) -> None:
         with self._lock:
-            self._applied_counts[entry.fault.kind, entry.command] += 1
+            self._applied[fault.kind, command] += 1
 
-    def _close_links(self) -> list[_Link]:
-        with self._lock:
-            links = list(self._links)
-        for link in links:
-            link.close()
-        return links
+    async def _close_links(self, stop: bool = False) -> None:
+        """Close every connection (a link then ends: its reads see the end) and wait for the links."""
+        if stop and self._server is not None:
+            self._server.close()
+        for writer in (w for writers in self._links.values() for w in writers):
+            writer.close()
+        await asyncio.gather(*self._links, return_exceptions=True)
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._stopping:
-                client.close()
-                return
+    async def _link(self, client_in: asyncio.StreamReader, client_out: asyncio.StreamWriter) -> None:
+        """One client connection and the proxy's own connection to the server for it."""
+        task = asyncio.current_task()
+        assert task is not None
+        writers = self._links[task] = [client_out]
+        try:
             if self._refusing:
-                _close(client)
-                continue
+                return
+            server_in, server_out = await asyncio.wait_for(asyncio.open_connection(*self.target),
+                                                           self.connect_timeout)
+            writers.append(server_out)
+            # The commands whose replies the client waits for, in order: (name, fault, injected reply).
+            pending: deque[tuple[str, _Fault | None, bytes | None]] = deque()
+
+            def flush_injected() -> None:
+                """Send the injected replies that are now first in line (counted before the client sees them)."""
+                while pending and pending[0][2] is not None:
+                    name, fault, injected = pending.popleft()
+                    if fault is not None:
+                        self._count(fault, name)
+                    client_out.write(injected or b"")
+
+            async def commands() -> None:
+                buf = bytearray()
+                while data := await client_in.read(65536):
+                    buf += data
+                    while (framed := _command_end(buf)) is not None:
+                        command, name = bytes(buf[:framed[0]]), framed[1]
+                        del buf[:framed[0]]
+                        fault = self._take_fault(name) if name else None  # no name: ignored, no reply
+                        if fault is not None and fault.kind == "inject_error":
+                            pending.append((name, fault, fault.error))
+                            flush_injected()
+                            continue
+                        if name:
+                            pending.append((name, fault, None))
+                        server_out.write(command)
+
+            async def replies() -> None:
+                buf = bytearray()
+                while data := await server_in.read(65536):
+                    buf += data
+                    while (end := _value_end(buf, 0)) is not None:
+                        reply = bytes(buf[:end])
+                        del buf[:end]
+                        name, fault, _ = pending[0] if pending else ("", None, None)
+                        if fault is not None:
+                            self._count(fault, name)
+                            if fault.kind == "drop_reply":
+                                return
+                            await asyncio.sleep(fault.seconds)
+                        if pending:
+                            pending.popleft()
+                        client_out.write(reply)
+                        flush_injected()
+
+            pumps = [asyncio.create_task(commands()), asyncio.create_task(replies())]
             try:
-                server = socket.create_connection(self.target, timeout=self.connect_timeout)
-            except OSError:
-                _close(client)
-                continue
-            server.settimeout(None)
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            link = _Link(self, client, server)
-            with self._lock:
-                self._links.add(link)
-            for thread in link.threads:
-                thread.start()
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)  # a _NotResp ends the connection too
+        except OSError:  # TimeoutError is one
+            pass
+        finally:
+            for writer in writers:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+            del self._links[task]

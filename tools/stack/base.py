@@ -1,18 +1,11 @@
 """The local stack: one interface over two ways of running template.yaml, and what both share.
 
 A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator, the AWS
-resources and the template's functions - behind one API that the demo, the tests and the
-benchmarks use whatever runs the functions: :class:`tools.stack.inprocess.InProcessStack` runs
-the handlers in this process on moto server and plays Lambda's SQS event source mapping and the
-schedules; :class:`tools.stack.deployed.DeployedStack` deploys the template into ministack with
-``sam build`` + ``sam deploy``, whose event source mapping and schedules do the work.
-
-The stack's clock scale is one knob: it is the functions' ``TimeScale`` parameter and the
-simulator's ``time_scale``, so both sides agree on every duration, hint and budget window.
-
-Shared here: the terminal-event sink (an EventBridge rule feeding an SQS queue), the job records
-(the layer's own reads, decoded with ``sume_poller.store.from_item``), queue and dead-letter
-queue reading, and the totals of Powertools' EMF metric lines.
+resources and the template's functions - behind one API for the demo, the tests and the
+benchmarks, whatever runs the functions (:mod:`tools.stack.inprocess`, :mod:`tools.stack.deployed`).
+Its clock scale is one knob: the functions' ``TimeScale`` parameter and the simulator's
+``time_scale``, so both sides agree on every duration, hint and budget window. Shared here: the
+terminal-event sink, the job table, queue reading, the totals of Powertools' EMF metric lines.
 """
 
 from __future__ import annotations
@@ -43,12 +36,8 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
                "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
 #: Template parameters of every local stack (on top of the template's defaults). The stack adds
 #: TimeScale, RedisUrl and SumeBaseUrl; a caller's ``parameters`` win over all of them.
-LOCAL_PARAMETERS: dict[str, str] = {
-    "LocalEndpoints": "true",
-    "SumeApiKeyName": API_KEY_NAME,
-    # A lost chain is picked up a few seconds after its delay ends, not 30 s.
-    "LeaseMarginSeconds": "5",
-}
+#: LeaseMarginSeconds 5: a lost chain is picked up a few seconds after its delay ends, not 30 s.
+LOCAL_PARAMETERS = {"LocalEndpoints": "true", "SumeApiKeyName": API_KEY_NAME, "LeaseMarginSeconds": "5"}
 
 
 class SetupError(RuntimeError):
@@ -251,13 +240,9 @@ def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable
 
 class Stack(ABC):
     """template.yaml running locally with Redis and the Sume simulator; a context manager that
-    starts what it needs on enter and stops what it started on exit.
-
-    Set while starting: ``clock``, ``sim``, ``redis_server`` (a tools.services.RedisServer: stop and
-    start it for an outage), ``redis_url``, ``api_key``, ``parameters`` (the template parameters it
-    runs with), ``outputs`` (the stack's outputs by name), ``client`` (boto3 clients on the stack's
-    endpoint), ``schedules`` (scheduled functions, fan-out first), ``table`` and ``sink``.
-    """
+    starts what it needs on enter and stops what it started on exit. ``redis_server`` may be stopped
+    and started (an outage); ``client(service)`` gives boto3 clients on the stack's endpoint;
+    ``schedules`` are the scheduled functions, fan-out first."""
 
     name: str
     parameters: dict[str, str]
@@ -307,11 +292,9 @@ class Stack(ABC):
                  tb: TracebackType | None) -> None:
         self._exit.close()
 
-    # -- driving --------------------------------------------------------------------------------
     @abstractmethod
     def invoke(self, logical_id: str, event: Any) -> Any:
-        """Invoke a function of the template (by logical id) synchronously; its reply. A
-        function error raises."""
+        """Invoke a function (by logical id) synchronously; its reply. A function error raises."""
 
     def submit(self, event: dict[str, Any]) -> dict[str, Any]:
         """Invoke the submit function with ``event``; its reply."""
@@ -327,20 +310,17 @@ class Stack(ABC):
 
     @abstractmethod
     def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None) -> None:
-        """Let the system work until ``until()``; with ``fanout_every``, also run every scheduled
-        function (fan-out, sweeps) every that many real seconds. TimeoutError saying what is
-        still pending after ``timeout`` s."""
+        """Let the system work until ``until()`` (``fanout_every``: run the scheduled functions
+        that often, real seconds); TimeoutError saying what is pending after ``timeout`` s."""
 
     @abstractmethod
     def metric_totals(self) -> Counter[str]:
-        """Sum per metric name of the EMF lines the functions printed since the start or the
-        last :meth:`reset` (an entry for every name seen, even if its sum is 0)."""
+        """Per metric name, the sum of the EMF lines printed since the start or :meth:`reset`."""
 
     @abstractmethod
     def reset(self) -> None:
         """A clean slate between tests: no jobs, messages or events, empty Redis, simulator reset."""
 
-    # -- reading --------------------------------------------------------------------------------
     @property
     def queue_url(self) -> str:
         return self.outputs["PollQueueUrl"]

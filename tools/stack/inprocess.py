@@ -1,24 +1,19 @@
 """InProcessStack: the template's handlers run in this process, on moto server, against a real
 redis-server and the Sume simulator. No deploy step; seconds to start.
 
-Starting it creates the template in moto (tools.template: the SAM transform, then CreateStack on
-the moto server), stores the Sume key as the SSM SecureString the template names, sets this
-process's environment to the functions' (as moto's Lambda reports each function's configuration)
-and loads each handler from the template. The stack then plays the two AWS parts that moto does
-not run: the SQS event source mapping of the poll function (:meth:`pump`, :meth:`deliver`:
-receive up to the mapping's BatchSize, invoke, delete what succeeded; DelaySeconds and the
-queue's redrive policy are moto's own) and the schedules of fan-out and sweeps (:meth:`drive`,
-at the template's rate or ``fanout_every``).
+Starting it creates the template in moto (tools.template), stores the Sume key where the template
+reads it, sets this process's environment to the functions' (as moto's Lambda reports them) and
+loads each handler. It then plays what moto does not run: the poll function's SQS event source
+mapping (:meth:`pump`, :meth:`deliver`: receive up to the mapping's BatchSize, invoke, delete what
+succeeded; DelaySeconds and the redrive policy are moto's own) and the schedules (:meth:`drive`).
 
 Test hooks: ``receive()`` and ``deliver(messages, duplicate=True)`` (each message twice in one
 batch) play the event source by hand; ``make_visible(messages)`` ends their visibility timeout;
-``redis_server`` can be stopped and started (an outage); ``step_hook`` is set on the poll
-runner's poller before every batch (it may raise any BaseException: the invocation crashes and,
-as in Lambda, the whole batch stays undeleted); ``last_report`` and ``outcomes`` come from the
-batch runner's BatchReport.
-
-Handler logs go to ``log_path``; what a handler prints on stdout - Powertools' EMF lines - is
-collected for :meth:`metric_totals` and written to the same file.
+``step_hook`` is set on the poll runner's poller before every batch (it may raise any
+BaseException: the invocation crashes and, as in Lambda, the whole batch stays undeleted);
+``last_report`` and ``outcomes`` come from the batch runner's BatchReport. Handler logs go to
+``log_path``, with what a handler prints on stdout - Powertools' EMF lines, which
+:meth:`metric_totals` adds up.
 """
 
 from __future__ import annotations
@@ -152,7 +147,6 @@ class InProcessStack(Stack):
         self._invocations = 0  # handler invocations so far: records change only through them
         self._settled: tuple[int, tuple[str, ...]] | None = None  # not settled as of that count
 
-    # -- starting ---------------------------------------------------------------------------------
     def _start(self, stack: ExitStack) -> None:
         """Create the template's stack in moto, set this process's environment to the functions'
         (restored on exit), load their handlers."""
@@ -221,7 +215,6 @@ class InProcessStack(Stack):
         loader.loader.exec_module(module)
         return module
 
-    # -- invoking ---------------------------------------------------------------------------------
     def invoke(self, logical_id: str, event: Any) -> Any:
         """Call a function's handler with ``event`` and a fresh Lambda context."""
         from tools.local_invoke import make_context
@@ -241,7 +234,6 @@ class InProcessStack(Stack):
                 self._emf.add_line(line)
                 self._log.write(line + "\n")
 
-    # -- the SQS event source mapping ---------------------------------------------------------------
     def receive(self, max_messages: int | None = None, wait_seconds: int = 0) -> list[dict[str, Any]]:
         """Receive up to ``max_messages`` (default: the mapping's BatchSize) from the poll queue."""
         reply = self.client("sqs").receive_message(
@@ -263,7 +255,7 @@ class InProcessStack(Stack):
 
             setattr(runner, "run", tapped)  # noqa: B010 - an instance attribute over the method
             setattr(runner, "_stack_tap", True)  # noqa: B010
-        runner.poller.step_hook = self.step_hook
+        runner.step_hook = self.step_hook
         return runner
 
     def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
@@ -363,7 +355,6 @@ class InProcessStack(Stack):
 
         wait_until(until, timeout, describe, step)
 
-    # -- state --------------------------------------------------------------------------------------
     def metric_totals(self) -> Counter[str]:
         return Counter(self._emf.totals)
 
