@@ -182,6 +182,37 @@ def test_recent_observations_dominate() -> None:
     assert fit_lognormal(weighted).median == pytest.approx(20.0, rel=0.12)
 
 
+@pytest.mark.parametrize("median, sigma, schedule", [(20.0, 0.4, SHORT), (360.0, 0.6, LONG), (720.0, 0.5, LONG)])
+def test_the_fit_states_its_error(median: float, sigma: float, schedule: tuple[float, ...]) -> None:
+    """The standard error a fit states for its 5 % quantile is the spread of that quantile's
+    error over fits (67 observations, bench figure 7's warm-up per kind): z-scores with a
+    standard deviation near 1, beyond 2 about as rarely as a normal's."""
+    truth = LogNormal(math.log(median), sigma)
+    zs = []
+    for seed in range(100):
+        fitted = fit_lognormal(observe(truth, 67, schedule, random.Random(seed)))
+        se = fitted.log_quantile_se(0.05)
+        assert 0.3 * sigma / math.sqrt(67) < se < 3.0 * sigma / math.sqrt(67)
+        zs.append(math.log(fitted.quantile(0.05) / truth.quantile(0.05)) / se)
+    sd = math.sqrt(sum(z * z for z in zs) / len(zs))
+    assert 0.8 < sd < 1.25, sd
+    assert sum(abs(z) > 2.0 for z in zs) <= 0.1 * len(zs)
+
+
+def test_the_stated_error_shrinks_with_observations_not_with_weights() -> None:
+    truth = LogNormal(math.log(30.0), 0.5)
+    base = observe(truth, 60, SHORT, random.Random(4))
+    one = fit_lognormal(base).log_quantile_se(0.05)
+    assert fit_lognormal(base + base).log_quantile_se(0.05) == pytest.approx(one / math.sqrt(2.0), rel=1e-6)
+    # a weight says how much an observation counts beside the others, not that it was seen twice
+    assert fit_lognormal([Interval(iv.lower, iv.upper, 2.0) for iv in base]).log_quantile_se(0.05) == \
+        pytest.approx(one, rel=1e-6)
+    # recency weights: half of them at 1/16 leave 34 observations' worth (Kish), error x ~1.33
+    faded = [Interval(iv.lower, iv.upper, 1.0 / 16.0 if i % 2 else 1.0) for i, iv in enumerate(base)]
+    assert 1.15 * one < fit_lognormal(faded).log_quantile_se(0.05) < 1.5 * one
+    assert LogNormal(0.0, 1.0).log_quantile_se(0.05) == 0.0  # a model given, not fitted: exact
+
+
 # -- the fit: robustness ------------------------------------------------------------------------------
 
 def _sane(m: LogNormal) -> None:
@@ -202,6 +233,8 @@ def test_degenerate_identical_intervals() -> None:
     assert m.sigma == pytest.approx(MIN_SIGMA)  # all the mass in one bin: as narrow as allowed
     exact = fit_lognormal([Interval(7.0, 7.0)] * 40)
     assert exact.median == pytest.approx(7.0) and exact.sigma == pytest.approx(MIN_SIGMA)
+    for fitted in (m, exact):  # whatever the box leaves of the error, it is stated, never NaN
+        assert not math.isnan(fitted.log_quantile_se(0.05)) and fitted.log_quantile_se(0.05) >= 0.0
 
 
 def test_all_right_censored_is_finite_and_late() -> None:

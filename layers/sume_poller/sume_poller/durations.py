@@ -86,14 +86,28 @@ class Interval:
 
 @dataclass(frozen=True, slots=True)
 class LogNormal:
-    """Completion time T with log T ~ Normal(mu, sigma) (seconds)."""
+    """Completion time T with log T ~ Normal(mu, sigma) (seconds).
+
+    ``cov``: what a fit states of its own error, the covariance of its estimates of
+    (mu, log sigma) as (var mu, cov, var log sigma); zeros (the default) for a model taken as
+    exact. :meth:`log_quantile_se` turns it into the standard error of a quantile.
+    """
 
     mu: float
     sigma: float
+    cov: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.mu) and math.isfinite(self.sigma) and self.sigma > 0):
             raise ValueError(f"LogNormal needs a finite mu and a positive sigma, not ({self.mu}, {self.sigma})")
+
+    def log_quantile_se(self, p: float) -> float:
+        """The standard error of log(quantile(p)) = mu + z sigma from the fit's ``cov`` (delta
+        method); 0 for an exact model, inf when the fit could not state its error."""
+        v_mm, v_ms, v_ss = self.cov
+        zs = normal_quantile(p) * self.sigma
+        var = v_mm + 2.0 * zs * v_ms + zs * zs * v_ss
+        return math.sqrt(var) if var > 0.0 else (0.0 if var == 0.0 else math.inf)
 
     def _z(self, t: float) -> float:
         return (math.log(t) - self.mu) / self.sigma
@@ -305,7 +319,22 @@ def fit_lognormal(intervals: Iterable[Interval]) -> LogNormal:
         ll, gm, gs, hmm, hms, hss = trial
         if moved < 1e-9 or (moved < 1e-6 and gained < 1e-10 * (1.0 + abs(ll))):
             break
-    return LogNormal(mu, math.exp(s))
+    return LogNormal(mu, math.exp(s), _covariance(obs, hmm, hms, hss))
+
+
+def _covariance(obs: list[_Obs], hmm: float, hms: float, hss: float) -> tuple[float, float, float]:
+    """The covariance of the fitted (mu, log sigma): the inverse of the observed information (the
+    negated Hessian at the fit), scaled by sum w^2 / sum w so that recency weights count as the
+    effective number of observations they amount to (Kish), not as repetitions. Where the
+    information is not positive definite (a degenerate fit, e.g. at the box's edge) the error is
+    unknown: infinite variances."""
+    a, b, c = -hmm, -hms, -hss
+    det = a * c - b * b
+    if not (a > 0.0 and c > 0.0 and det > 0.0 and math.isfinite(det)):
+        return (math.inf, 0.0, math.inf)
+    total = sum(w for _, _, w, _ in obs)
+    scale = sum(w * w for _, _, w, _ in obs) / total
+    return (scale * c / det, -scale * b / det, scale * a / det)
 
 
 def completed(intervals: Iterable[Interval]) -> int:
