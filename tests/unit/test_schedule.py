@@ -11,17 +11,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sume_poller import schedule
-from sume_poller.durations import LogNormal
+from sume_poller.durations import Interval, LogNormal, model_from
 from sume_poller.schedule import (
     LONG_SCHEDULE,
     SHORT_SCHEDULE,
     Bounds,
     defer_delay,
+    late_model,
     learned_plan,
     max_wait,
     next_delay,
     overdue,
     profile_key,
+    ratio_quantile,
     read_priority,
     schedule_metrics,
     static_delay,
@@ -159,6 +161,65 @@ def test_plan_beats_static_on_its_model(kind: str, model: LogNormal) -> None:
     again = schedule_metrics(model, plan.reads, plan.late_ratio)
     assert again.reads == pytest.approx(plan.learned.reads, rel=1e-6)
     assert again.mean_delay == pytest.approx(plan.learned.mean_delay, rel=1e-6)
+
+
+def _observed(truth: LogNormal, kind: str, n: int, rng: random.Random) -> list[Interval]:
+    """What the static schedule (cold start, +/-20 % jitter) records of ``n`` jobs of ``truth``."""
+    out = []
+    for _ in range(n):
+        duration = truth.quantile(rng.random())
+        age, last, attempt = 0.0, None, 0
+        while age < duration:
+            last = age if attempt else None
+            age += next_delay(kind, attempt, age, last, None, BOUNDS, rng=rng)
+            attempt += 1
+        out.append(Interval(last or 0.0, age))
+    return out
+
+
+@pytest.mark.parametrize("kind, truth", [("image", IMAGE), ("video", VIDEO), ("ad_video", AD_VIDEO)])
+def test_each_kind_keeps_its_own_static_figures_within_its_fits_error(kind: str, truth: LogNormal) -> None:
+    """Per kind, not pooled: a plan built on a fit of 67 completions (bench figure 7's warm-up),
+    evaluated on the true distribution, has a mean delay and a 95th percentile of delay/duration
+    within 5 % of the static schedule's there, unless the fit is off by more than it states
+    (LATE_SE standard errors at its 5 % quantile), which 30 fits may be two times at most. (With
+    the late share held on the fitted model alone, 6 of these 30 video fits and 7 ad video ones
+    missed, by up to 1.76x and 1.62x.)"""
+    static = static_metrics(truth, kind)
+    misses = []
+    for seed in range(30):
+        fitted = model_from(_observed(truth, kind, 67, random.Random(seed)))
+        assert fitted is not None
+        plan = learned_plan(fitted, "image" if kind == "image" else "video", BOUNDS)
+        assert plan.feasible
+        p95 = ratio_quantile(truth, plan.reads) / static.late_ratio
+        delay = schedule_metrics(truth, plan.reads, static.late_ratio).mean_delay / static.mean_delay
+        if p95 > 1.05 or delay > 1.05:
+            misses.append((seed, fitted, round(p95, 3), round(delay, 3)))
+    assert len(misses) <= 2, misses
+    for _, fitted, _, _ in misses:
+        error = math.log(fitted.quantile(schedule.LATE_TAIL) / truth.quantile(schedule.LATE_TAIL))
+        assert error > schedule.LATE_SE * fitted.log_quantile_se(schedule.LATE_TAIL), misses
+
+
+def test_the_late_model_is_the_fit_moved_by_its_stated_error() -> None:
+    assert late_model(VIDEO) is VIDEO  # given, not fitted: nothing stated, nothing moved
+    fitted = LogNormal(VIDEO.mu, VIDEO.sigma, (0.01, 0.0, 0.005))
+    se = fitted.log_quantile_se(schedule.LATE_TAIL)
+    assert se == pytest.approx(math.sqrt(0.01 + (1.6448536 * 0.6) ** 2 * 0.005), rel=1e-6)
+    moved = late_model(fitted)
+    assert moved.sigma == fitted.sigma
+    assert moved.mu == pytest.approx(fitted.mu - schedule.LATE_SE * se)
+    unknown = LogNormal(VIDEO.mu, VIDEO.sigma, (math.inf, 0.0, math.inf))  # a degenerate fit
+    assert late_model(unknown).mu == pytest.approx(VIDEO.mu - schedule.LATE_SHIFT_MAX)
+    # the plan of a fitted model: every target on the model, the late share on the moved one too
+    plan = learned_plan(fitted, "video", BOUNDS)
+    exact = learned_plan(VIDEO, "video", BOUNDS)
+    assert plan.feasible and plan.late_model == moved
+    assert plan.learned.late <= schedule.LATE_SHARE + 1e-9 and plan.late_shifted <= schedule.LATE_SHARE + 1e-9
+    assert plan.learned.mean_delay <= schedule.DELAY_MARGIN * plan.static.mean_delay * (1 + 1e-9)
+    assert plan.reads[0] < exact.reads[0]  # the first read earlier: the lower tail is less certain
+    assert exact.learned.reads < plan.learned.reads < 0.8 * plan.static.reads
 
 
 def test_static_metrics_agree_with_the_read_ages() -> None:
