@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     add("--port", type=int, default=8787, help="port to bind; 0 picks a free one")
-    add("--api-key", default=DEFAULT_API_KEY, help="the accepted API key")
+    add("--api-key", default=DEFAULT_API_KEY, help="the default workspace's API key")
     add("--hints", action=argparse.BooleanOptionalAction, default=True,
         help="send terminal/result_ready/next_poll_after_seconds in status replies")
     add("--exact-hints", action="store_true", help="report exact (ms) next_poll_after_seconds")
@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         help='list mode, e.g. \'{"fields": "full", "order": "newest_first", "cursor": true}\'')
     add("--webhooks", type=_json_object, default=None, metavar="JSON",
         help='webhooks, e.g. \'{"kinds": ["video"], "secret": "s", "loss": 0.1}\'')
+    add("--keys", type=_json_object, default=None, metavar="JSON",
+        help='more API keys, e.g. \'{"sume_key_b": {"workspace": "b", "read_budget": {"per_minute": 60}}}\'')
     add("--verbose", action="store_true", help="log one line per request to stderr")
     return parser
 
@@ -88,6 +90,7 @@ def make_simulator(args: argparse.Namespace) -> SumeSimulator:
         result_not_ready=args.result_not_ready,
         list_config=args.list,
         webhooks=args.webhooks,
+        keys=args.keys,
     )
 
 

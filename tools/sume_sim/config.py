@@ -3,11 +3,19 @@
 Fields are what ``POST /_sim/config`` and :meth:`SumeSimulator.configure` accept; every change is
 validated and an invalid one raises :class:`SpecError`. ``time_scale`` is the clock's scale and is
 fixed when the simulator is built. The dict-valued fields (``read_budget``, ``create_budget``,
-``list``, ``webhooks``) are replaced whole: a field missing from the new dict takes its default.
+``list``, ``webhooks``, ``keys``) are replaced whole: a field missing from the new dict takes its
+default.
+
+API keys: the top-level ``api_key`` is the key of the ``default`` workspace, with the top-level
+budgets and webhook secret; ``keys`` adds more, each with its own workspace and optionally its own
+budgets and secret (:class:`KeyEntry`). :meth:`Config.accounts` resolves them into
+:class:`Account` s. One workspace has at most one key. A key's value is a secret: messages, stats
+and logs name it by its workspace or :func:`key_label`, never in full.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -15,6 +23,7 @@ from typing import Any
 
 from tools.sume_sim.spec import (
     DEFAULT_DURATION,
+    DEFAULT_WORKSPACE,
     RESULT_NOT_READY_STATUSES,
     SpecError,
     check_bool,
@@ -36,6 +45,18 @@ LIST_ROUTES = ("ok", "missing", "bad_request", "forbidden")
 LIST_STATUS_FILTERS = ("honoured", "ignored", "loose")
 LIST_FAULT_OK = "ok"  # a list fault that answers normally
 MAX_FOREIGN = 100
+KEY_ENTRY_FIELDS = ("workspace", "read_budget", "create_budget", "webhook_secret")
+MAX_WORKSPACE_CHARS = 64
+
+
+def key_label(key: str) -> str:
+    """A key's non-secret name: its first 8 characters (at most half of a short key) and ``...``."""
+    return key[: min(8, len(key) // 2)] + "..."
+
+
+def derived_workspace(key: str) -> str:
+    """The workspace of a ``keys`` entry that names none: ``ws_`` and 12 hex digits of the key's SHA-256."""
+    return "ws_" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -95,8 +116,43 @@ class Webhooks:
 
 
 @dataclass(frozen=True)
+class KeyEntry:
+    """One ``keys`` entry: its workspace; a budget or secret left None is the top-level one."""
+
+    workspace: str
+    read_budget: Budget | None = None
+    create_budget: Budget | None = None
+    webhook_secret: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"workspace": self.workspace}
+        if self.read_budget is not None:
+            data["read_budget"] = self.read_budget.to_dict()
+        if self.create_budget is not None:
+            data["create_budget"] = self.create_budget.to_dict()
+        if self.webhook_secret is not None:
+            data["webhook_secret"] = self.webhook_secret
+        return data
+
+
+@dataclass(frozen=True)
+class Account:
+    """A configured key resolved against the top-level fields: its workspace, limits and secret."""
+
+    key: str
+    workspace: str
+    read_budget: Budget
+    create_budget: Budget
+    webhook_secret: str
+
+    @property
+    def label(self) -> str:
+        return key_label(self.key)
+
+
+@dataclass(frozen=True)
 class Config:
-    api_key: str = DEFAULT_API_KEY
+    api_key: str | None = DEFAULT_API_KEY  # None: the default workspace has no key
     hints: bool = True
     exact_hints: bool = False
     latency_ms: int = 0
@@ -112,6 +168,22 @@ class Config:
     result_not_ready: int = 409
     listing: ListMode = field(default_factory=ListMode)  # the "list" field
     webhooks: Webhooks = field(default_factory=Webhooks)
+    keys: tuple[tuple[str, KeyEntry], ...] = ()  # API key -> entry, in the order given
+
+    def accounts(self) -> tuple[Account, ...]:
+        """Every configured key, the top-level ``api_key`` (default workspace) first."""
+        accounts = []
+        if self.api_key is not None:
+            accounts.append(Account(self.api_key, DEFAULT_WORKSPACE, self.read_budget, self.create_budget,
+                                    self.webhooks.secret))
+        for key, entry in self.keys:
+            accounts.append(Account(
+                key, entry.workspace,
+                self.read_budget if entry.read_budget is None else entry.read_budget,
+                self.create_budget if entry.create_budget is None else entry.create_budget,
+                self.webhooks.secret if entry.webhook_secret is None else entry.webhook_secret,
+            ))
+        return tuple(accounts)
 
     def to_dict(self) -> dict[str, Any]:
         data = {
@@ -127,6 +199,7 @@ class Config:
             "rate_limit_per_minute": self.read_budget.per_minute,
             "list": self.listing.to_dict(),
             "webhooks": self.webhooks.to_dict(),
+            "keys": {key: entry.to_dict() for key, entry in self.keys},
         }
 
 
@@ -194,10 +267,58 @@ def _webhooks(value: Any) -> Webhooks:
     )
 
 
-def _api_key(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise SpecError("api_key must be a non-empty string", "api_key")
+def _api_key(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise SpecError("api_key must be a non-empty string (or null: the default workspace has no key)", "api_key")
     return value
+
+
+def _key_value(value: Any, name: str) -> str:
+    """An API key of ``keys`` or of a key control call: a non-empty string without surrounding spaces."""
+    if not isinstance(value, str) or not value or value != value.strip():
+        raise SpecError(f"{name} must be a non-empty API key string without surrounding whitespace", name)
+    return value
+
+
+def key_entry(key: str, value: Any, prefix: str = "keys.") -> KeyEntry:
+    """One ``keys`` entry (the object under its key), validated."""
+    name = prefix.rstrip(".") or "key"
+    if value is not None and not isinstance(value, dict):
+        raise SpecError(f"each {name} entry must be an object", name)
+    raw = check_keys({} if value is None else value, KEY_ENTRY_FIELDS, name)
+    workspace = raw.get("workspace")
+    if workspace is None:
+        workspace = derived_workspace(key)
+    elif not isinstance(workspace, str) or not workspace.strip() or len(workspace) > MAX_WORKSPACE_CHARS:
+        raise SpecError(f"{prefix}workspace must be a non-empty string of at most {MAX_WORKSPACE_CHARS} characters",
+                        "workspace")
+    secret = raw.get("webhook_secret")
+    if secret is not None and (not isinstance(secret, str) or not secret):
+        raise SpecError(f"{prefix}webhook_secret must be a non-empty string", "webhook_secret")
+    budgets = {name: None if raw.get(name) is None else _budget(raw[name], name)
+               for name in ("read_budget", "create_budget")}
+    return KeyEntry(workspace, budgets["read_budget"], budgets["create_budget"], secret)
+
+
+def _keys(value: Any) -> tuple[tuple[str, KeyEntry], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise SpecError("keys must be an object: API key -> {workspace, read_budget, create_budget, "
+                        "webhook_secret}", "keys")
+    return tuple((_key_value(key, "keys"), key_entry(key, entry)) for key, entry in value.items())
+
+
+def check_accounts(config: Config) -> Config:
+    """``config`` if its keys are distinct and no two share a workspace, else :class:`SpecError`."""
+    if config.api_key is not None and any(key == config.api_key for key, _ in config.keys):
+        raise SpecError("keys must not repeat the top-level api_key (it is the default workspace's key)", "keys")
+    seen: set[str] = set()
+    for account in config.accounts():
+        if account.workspace in seen:
+            raise SpecError(f"workspace {account.workspace!r} has two keys; a workspace has one key", "workspace")
+        seen.add(account.workspace)
+    return config
 
 
 def _seed(value: Any) -> int | None:
@@ -231,6 +352,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "create_budget": ("create_budget", lambda v: _budget(v, "create_budget")),
     "list": ("listing", _list_mode),
     "webhooks": ("webhooks", _webhooks),
+    "keys": ("keys", _keys),
 }
 
 
@@ -259,4 +381,45 @@ def updated(base: Config, changes: Mapping[str, Any], *, initial: bool = False) 
     if "rate_limit_per_minute" in changes:
         per_minute = _limit(changes["rate_limit_per_minute"], "rate_limit_per_minute")
         values["read_budget"] = replace(values.get("read_budget", base.read_budget), per_minute=per_minute)
-    return replace(base, **values)
+    return check_accounts(replace(base, **values))
+
+
+# ---------------------------------------------------------------------------- key changes at runtime
+
+
+def _configured(config: Config, key: Any, name: str) -> str:
+    if isinstance(key, str) and key in {a.key for a in config.accounts()}:
+        return key
+    raise SpecError(f"{name} is not a configured API key", name)
+
+
+def _unused(config: Config, value: Any, name: str) -> str:
+    key = _key_value(value, name)
+    if key in {a.key for a in config.accounts()}:
+        raise SpecError(f"{name} is already a configured API key", name)
+    return key
+
+
+def with_key_added(base: Config, raw: Any) -> Config:
+    """``base`` with one more key: ``raw`` is a ``keys`` entry plus its ``key``."""
+    fields = check_keys(raw, ("key", *KEY_ENTRY_FIELDS), "key")
+    key = _unused(base, fields.get("key"), "key")
+    entry = key_entry(key, {k: v for k, v in fields.items() if k != "key"}, "")
+    return check_accounts(replace(base, keys=(*base.keys, (key, entry))))
+
+
+def with_key_rotated(base: Config, old_value: Any, new_value: Any) -> Config:
+    """``base`` with key ``old`` replaced by ``new``: same workspace, limits and secret."""
+    old = _configured(base, old_value, "old")
+    new = _unused(base, new_value, "new")
+    if old == base.api_key:
+        return replace(base, api_key=new)
+    return replace(base, keys=tuple((new if key == old else key, entry) for key, entry in base.keys))
+
+
+def with_key_removed(base: Config, value: Any) -> Config:
+    """``base`` without key ``value`` (the top-level ``api_key`` becomes None)."""
+    key = _configured(base, value, "key")
+    if key == base.api_key:
+        return replace(base, api_key=None)
+    return replace(base, keys=tuple((k, entry) for k, entry in base.keys if k != key))

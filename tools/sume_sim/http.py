@@ -116,7 +116,7 @@ def _error_body(code: str, message: str, request_id: str | None = None,
 
 
 def control(model: Model, method: str, route: str, body: bytes) -> Response:
-    """``/_sim/...``: stats, config, jobs, budget, webhooks, reset."""
+    """``/_sim/...``: stats, config, jobs, budget, webhooks, keys, reset."""
 
     def reply(status: int, payload: Any) -> Response:
         return Response(status, _json(payload))
@@ -146,8 +146,23 @@ def control(model: Model, method: str, route: str, body: bytes) -> Response:
 
 def _seed(model: Model, data: dict[str, Any]) -> tuple[int, Any]:
     job_id = model.seed_job(kind=data.get("kind", "image"), sim=data.get("sim"), job_id=data.get("id"),
-                            age=data.get("age", 0), webhook_url=data.get("webhook_url"))
+                            age=data.get("age", 0), webhook_url=data.get("webhook_url"), key=data.get("key"),
+                            workspace=data.get("workspace"))
     return 201, {"id": job_id}
+
+
+def _rotate_key(model: Model, data: dict[str, Any]) -> tuple[int, Any]:
+    extra = sorted(set(data) - {"old", "new"})
+    if extra:
+        raise SpecError(f"unknown field(s): {', '.join(extra)}", extra[0])
+    return 200, model.rotate_key(data.get("old", ""), data.get("new", ""))
+
+
+def _remove_key(model: Model, data: dict[str, Any]) -> tuple[int, Any]:
+    extra = sorted(set(data) - {"key"})
+    if extra:
+        raise SpecError(f"unknown field(s): {', '.join(extra)}", extra[0])
+    return 200, model.remove_key(data.get("key", ""))
 
 
 def _reset(model: Model, data: dict[str, Any]) -> tuple[int, Any]:
@@ -163,6 +178,9 @@ _CONTROL_ROUTES: dict[tuple[str, str], Callable[[Model, Any], tuple[int, Any]]] 
     ("GET", "webhooks"): lambda m, _: (200, m.webhook_stats()),
     ("POST", "reset"): _reset,
     ("POST", "jobs"): _seed,
+    ("POST", "keys/add"): lambda m, data: (201, m.add_key(data)),
+    ("POST", "keys/rotate"): _rotate_key,
+    ("POST", "keys/remove"): _remove_key,
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.sume_sim.config import ListMode
-from tools.sume_sim.spec import KIND_BY_TYPE, SUME_TYPES, TERMINAL_STATUSES, SpecError
+from tools.sume_sim.spec import DEFAULT_WORKSPACE, KIND_BY_TYPE, SUME_TYPES, TERMINAL_STATUSES, SpecError
 from tools.sume_sim.timeline import Job, JobState, iso
 
 DEFAULT_LIMIT = 20
@@ -87,10 +87,10 @@ def _statuses(raw: str | None, multi: bool) -> frozenset[str] | None:
     return values
 
 
-def listable(jobs: Iterable[Job], now: float, mode: ListMode) -> list[Job]:
+def listable(jobs: Iterable[Job], now: float, mode: ListMode, workspace: str = DEFAULT_WORKSPACE) -> list[Job]:
     """The jobs a list may show at clock time ``now``: (with ``newest_n``) among the newest N of
-    all jobs by creation, and of those the visible ones of this workspace and of a listed kind."""
-    reach = list(jobs)
+    the workspace's jobs by creation, and of those the visible ones, not ``forbidden``, of a listed kind."""
+    reach = [job for job in jobs if job.workspace == workspace]
     if mode.newest_n is not None:
         reach = sorted(reach, key=lambda j: j.created, reverse=True)[: mode.newest_n]
     return [
@@ -134,10 +134,11 @@ def foreign_items(mode: ListMode, query: ListQuery, now: float) -> list[dict[str
     return items
 
 
-def page(jobs: Iterable[Job], now: float, mode: ListMode, query: ListQuery) -> dict[str, Any]:
-    """One page of the list reply (without ``request_id``)."""
+def page(jobs: Iterable[Job], now: float, mode: ListMode, query: ListQuery,
+         workspace: str = DEFAULT_WORKSPACE) -> dict[str, Any]:
+    """One page of the list reply (without ``request_id``) for a key of ``workspace``."""
     entries: list[tuple[Job, JobState]] = []
-    for job in listable(jobs, now, mode):
+    for job in listable(jobs, now, mode, workspace):
         if query.kind is not None and job.kind != query.kind:
             continue
         state = job.listed_state(now, mode.lag)

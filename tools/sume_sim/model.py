@@ -1,7 +1,8 @@
 """The simulator's model: Sume's behaviour without sockets or an HTTP server.
 
 :class:`Model` holds the jobs, the per-key budgets, idempotency records, counters and webhook
-plans behind one lock, and answers each public call with a :class:`Reply` (status, JSON body,
+plans behind one lock (jobs, idempotency keys and counters per workspace: the workspace of the API
+key that called), and answers each public call with a :class:`Reply` (status, JSON body,
 headers, an optional delay); :mod:`tools.sume_sim.http` only routes and renders. All time is the
 injected clock's (clock seconds), so unit tests drive it with a fake wall clock.
 """
@@ -23,8 +24,18 @@ from typing import Any, Protocol
 
 from tools.sume_sim import listing
 from tools.sume_sim.budget import Admission, BudgetBook, RateView
-from tools.sume_sim.config import LIST_FAULT_OK, Config, updated
-from tools.sume_sim.spec import DEFAULT_DURATION, JobSpec, SpecError, parse_spec
+from tools.sume_sim.config import (
+    LIST_FAULT_OK,
+    MAX_WORKSPACE_CHARS,
+    Account,
+    Budget,
+    Config,
+    updated,
+    with_key_added,
+    with_key_removed,
+    with_key_rotated,
+)
+from tools.sume_sim.spec import DEFAULT_DURATION, DEFAULT_WORKSPACE, JobSpec, SpecError, parse_spec
 from tools.sume_sim.timeline import Job, iso
 
 READS, CREATES = "reads", "creates"
@@ -139,6 +150,7 @@ class WebhookPlan:
     lost: bool
     duplicate: bool
     bad_signature: bool
+    workspace: str = DEFAULT_WORKSPACE  # signed with this workspace's key's webhook secret
 
 
 @dataclass(frozen=True)
@@ -165,6 +177,13 @@ class _Read:
     refusal: Reply | None = None
 
 
+def _workspace_counters() -> dict[str, Any]:
+    """One workspace's share of the counters (``stats()["keys"]``)."""
+    return {"reads": {"attempts": 0, "served": 0, "rate_limited": 0},
+            "creates": {"attempts": 0, "served": 0, "rate_limited": 0},
+            "jobs_created": 0, "replays": 0, "forbidden": 0}
+
+
 class Model:
     """Sume's behaviour behind one lock; every public method is thread-safe."""
 
@@ -187,12 +206,13 @@ class Model:
             self._reset_locked()
 
     def _reset_locked(self) -> None:
-        self._config = self._initial
+        self._set_config(self._initial)
         self._rng = random.Random(self._config.seed)
         self._jobs: OrderedDict[str, Job] = OrderedDict()
         self._unknown_reads: OrderedDict[str, dict[str, int]] = OrderedDict()
-        self._idempotency: OrderedDict[str, Reply] = OrderedDict()
-        self._create_attempts: dict[str, int] = {}
+        self._idempotency: OrderedDict[tuple[str, str], Reply] = OrderedDict()  # (workspace, key) -> reply
+        self._create_attempts: dict[tuple[str, str], int] = {}
+        self._workspaces: dict[str, dict[str, Any]] = {}  # workspace -> its counters
         self._list_fault_cursor = 0  # list faults consumed under the current list mode
         self._books: dict[tuple[str, str], BudgetBook] = {}
         self._plans: list[tuple[float, int, WebhookPlan]] = []
@@ -205,6 +225,12 @@ class Model:
             ("status_reads", "result_reads", "list_reads", "creates", "jobs_created", "create_requests", "replays",
              "insufficient_credits", "unauthorized", "forbidden", "rate_limited"), 0)
 
+    def _set_config(self, config: Config) -> None:
+        self._config = config
+        accounts = config.accounts()
+        self._accounts = {account.key: account for account in accounts}
+        self._by_workspace = {account.workspace: account for account in accounts}
+
     @property
     def config(self) -> Config:
         with self._lock:
@@ -213,7 +239,7 @@ class Model:
     def configure(self, **changes: Any) -> dict[str, Any]:
         """Apply validated config changes; return the whole config."""
         with self._lock:
-            self._config = updated(self._config, changes)
+            self._set_config(updated(self._config, changes))
             if "list" in changes:
                 self._list_fault_cursor = 0  # a new list mode's faults start from the first
             if "seed" in changes:
@@ -234,7 +260,22 @@ class Model:
                 jobs.setdefault(job_id, {**reads, "min_reads": None, "status": None})
             faults = self._config.listing.faults
             return {**self._counters, "list_faults_remaining": list(faults[self._list_fault_cursor:]), "jobs": jobs,
-                    "webhooks": self._webhook_summary()}
+                    "webhooks": self._webhook_summary(), "keys": self._key_stats()}
+
+    def _key_stats(self) -> dict[str, Any]:
+        """Per workspace (every one with a key now or with counts): its key's label, limits, counters."""
+        names = [*self._by_workspace, *(w for w in self._workspaces if w not in self._by_workspace)]
+        stats: dict[str, Any] = {}
+        for workspace in names:
+            account = self._by_workspace.get(workspace)
+            counters = self._workspaces.get(workspace) or _workspace_counters()
+            stats[workspace] = {
+                "key": None if account is None else account.label,
+                "read_budget": None if account is None else account.read_budget.to_dict(),
+                "create_budget": None if account is None else account.create_budget.to_dict(),
+                **{name: dict(value) if isinstance(value, dict) else value for name, value in counters.items()},
+            }
+        return stats
 
     def job_info(self, job_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -243,7 +284,8 @@ class Model:
                 return None
             state = job.state(self.clock.now())
             return {
-                "id": job.id, "kind": job.kind, "type": job.sume_type, "status": state.status,
+                "id": job.id, "kind": job.kind, "type": job.sume_type, "workspace": job.workspace,
+                "status": state.status,
                 "terminal": state.terminal, "result_ready": state.result_ready,
                 "status_reads": job.status_reads, "result_reads": job.result_reads,
                 "min_reads": job.min_reads(self._readiness_shown(job)),
@@ -261,27 +303,83 @@ class Model:
             return dict(self._unknown_reads.get(job_id, {"status_reads": 0, "result_reads": 0}))
 
     def seed_job(self, kind: str = "image", sim: dict[str, Any] | None = None, job_id: str | None = None,
-                 age: float = 0.0, webhook_url: str | None = None) -> str:
-        """Create a job directly (no billing, no budget), as if created ``age`` clock seconds ago."""
+                 age: float = 0.0, webhook_url: str | None = None, *, key: str | None = None,
+                 workspace: str | None = None) -> str:
+        """Create a job directly (no billing, no budget), as if created ``age`` clock seconds ago, in
+        the workspace of API key ``key``, or in ``workspace``, or else in the default workspace."""
         if kind not in DEFAULT_DURATION:
             raise SpecError(f"kind must be one of {', '.join(DEFAULT_DURATION)}", "kind")
         if job_id is not None and (not isinstance(job_id, str) or not job_id or "/" in job_id):
             raise SpecError("id must be a non-empty string without '/'", "id")
         if isinstance(age, bool) or not isinstance(age, int | float) or age < 0:
             raise SpecError("age must be a number >= 0", "age")
+        if workspace is not None and (not isinstance(workspace, str) or not workspace.strip()
+                                      or len(workspace) > MAX_WORKSPACE_CHARS):
+            raise SpecError(f"workspace must be a non-empty string of at most {MAX_WORKSPACE_CHARS} characters",
+                            "workspace")
+        if key is not None and workspace is not None:
+            raise SpecError("give key or workspace, not both", "workspace")
         spec = parse_spec(kind, sim)
         with self._lock:
+            if key is not None:
+                account = self._accounts.get(key) if isinstance(key, str) else None
+                if account is None:
+                    raise SpecError("key is not a configured API key", "key")
+                workspace = account.workspace
             url = self._webhook_url(kind, webhook_url)
             if job_id is not None and job_id in self._jobs:
                 raise SpecError(f"job {job_id} already exists", "id")
-            return self._new_job(kind, spec, job_id, self.clock.now() - float(age), url).id
+            created = self.clock.now() - float(age)
+            return self._new_job(kind, spec, job_id, created, url, workspace or DEFAULT_WORKSPACE).id
 
-    def budget_stats(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
-        """Per class and window size, the kept windows of the current key (see :mod:`.budget`)."""
+    def budget_stats(self) -> dict[str, Any]:
+        """Per class and window size, the kept windows of the top-level ``api_key`` (see :mod:`.budget`);
+        under ``keys``, the same per workspace for every configured key."""
         with self._lock:
             now = self.clock.now()
-            share = self._config.other_consumer_share
-            return {cls: self._book(cls).history(now, share if cls == READS else 0.0) for cls in (READS, CREATES)}
+            default = self._config.api_key
+            stats: dict[str, Any] = {cls: self._history(default, cls, now) for cls in (READS, CREATES)}
+            stats["keys"] = {account.workspace: {cls: self._history(account.key, cls, now) for cls in (READS, CREATES)}
+                             for account in self._accounts.values()}
+            return stats
+
+    def _history(self, key: str | None, cls: str, now: float) -> dict[str, list[dict[str, Any]]]:
+        share = self._config.other_consumer_share if cls == READS else 0.0
+        book = BudgetBook() if key is None else self._book(key, cls)
+        return book.history(now, share)
+
+    # ------------------------------------------------------------------ API keys
+
+    def add_key(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        """Add a key: ``entry`` is a ``keys`` entry plus ``key``. Returns its workspace and label."""
+        with self._lock:
+            config = with_key_added(self._config, dict(entry) if isinstance(entry, Mapping) else entry)
+            self._set_config(config)
+            return self._key_answer(config.keys[-1][0])
+
+    def rotate_key(self, old: str, new: str) -> dict[str, Any]:
+        """Key ``new`` takes over ``old``'s workspace, limits and budget windows; ``old`` answers 401."""
+        with self._lock:
+            self._set_config(with_key_rotated(self._config, old, new))
+            for cls in (READS, CREATES):
+                book = self._books.pop((old, cls), None)
+                if book is not None:
+                    self._books[(new, cls)] = book
+            return self._key_answer(new)
+
+    def remove_key(self, key: str) -> dict[str, Any]:
+        """Remove a key: it answers 401 from now on; its workspace's jobs and counters stay."""
+        with self._lock:
+            config = with_key_removed(self._config, key)
+            answer = self._key_answer(key)
+            self._set_config(config)
+            for cls in (READS, CREATES):
+                self._books.pop((key, cls), None)
+            return answer
+
+    def _key_answer(self, key: str) -> dict[str, Any]:
+        account = self._accounts[key]
+        return {"workspace": account.workspace, "key": account.label}
 
     def webhook_stats(self) -> dict[str, Any]:
         with self._lock:
@@ -297,21 +395,23 @@ class Model:
         """``POST`` of a create route: a paid job (or several), idempotent per ``Idempotency-Key``."""
         with self._lock:
             now = self.clock.now()
-            denied = self._deny(req, CREATES, now)
-            if denied is not None:
+            account, denied = self._authorise(req, CREATES, now)
+            if account is None:
+                assert denied is not None
                 return denied
             self._counters["create_requests"] += 1
-            admission = self._spend(CREATES, now)
+            admission = self._spend(account, CREATES, now)
             answer = _Answer(req.request_id, admission.rate)
             if not admission.allowed:
                 return self._rate_limited(answer, admission)
             spec, url, error = self._parse_create(kind, body)
-            fault = self._create_fault(req, spec)
+            fault = self._create_fault(req, spec, account.workspace)
             if fault is not None and not fault.startswith("slow:"):
                 return answer.fault(fault, "")
-            key = req.idempotency_key
+            key = None if req.idempotency_key is None else (account.workspace, req.idempotency_key)
             if key is not None and key in self._idempotency:
                 self._counters["replays"] += 1
+                self._workspace(account.workspace)["replays"] += 1
                 self._idempotency.move_to_end(key)
                 stored = self._idempotency[key]
                 return dataclasses.replace(stored, headers=(*answer.headers, ("Idempotent-Replayed", "true")))
@@ -319,7 +419,7 @@ class Model:
                 assert error is not None
                 details = {"field": error.field_name} if error.field_name else {}
                 return answer.error(400, "bad_request", str(error), details)
-            reply = self._start(answer, kind, spec, url, now)
+            reply = self._start(answer, kind, spec, url, now, account.workspace)
             if key is not None:
                 self._idempotency[key] = reply
                 while len(self._idempotency) > MAX_IDEMPOTENCY_KEYS:
@@ -373,11 +473,12 @@ class Model:
         """``GET /jobs?limit=&cursor=&type=&status=``, in the configured list mode."""
         with self._lock:
             now = self.clock.now()
-            denied = self._deny(req, READS, now)
-            if denied is not None:
+            account, denied = self._authorise(req, READS, now)
+            if account is None:
+                assert denied is not None
                 return denied
             self._counters["list_reads"] += 1
-            admission = self._spend(READS, now)
+            admission = self._spend(account, READS, now)
             answer = _Answer(req.request_id, admission.rate)
             if not admission.allowed:
                 return self._rate_limited(answer, admission)
@@ -391,16 +492,18 @@ class Model:
                 parsed = listing.parse_query(query, mode)
             except SpecError as exc:
                 return answer.error(400, "bad_request", str(exc), {"field": exc.field_name})
-            return answer.json(200, listing.page(self._jobs.values(), now, mode, parsed), delay=_slow_ms(fault))
+            page = listing.page(self._jobs.values(), now, mode, parsed, account.workspace)
+            return answer.json(200, page, delay=_slow_ms(fault))
 
     def refuse(self, req: Request, status: int, message: str) -> Reply:
         """An unknown route or method under the API prefix (after the key checks)."""
         with self._lock:
             now = self.clock.now()
-            denied = self._deny(req, READS, now)
-            if denied is not None:
+            account, denied = self._authorise(req, READS, now)
+            if account is None:
+                assert denied is not None
                 return denied
-            return _Answer(req.request_id, self._peek(READS, now)).error(status, ERROR_CODES[status], message)
+            return _Answer(req.request_id, self._peek(account, READS, now)).error(status, ERROR_CODES[status], message)
 
     # ------------------------------------------------------------------ webhooks
 
@@ -420,7 +523,10 @@ class Model:
             return due
 
     def webhook_headers(self, plan: WebhookPlan, timestamp: int) -> dict[str, str]:
-        secret = self._config.webhooks.secret
+        """Headers of one delivery, signed with the secret of the job's workspace's key (the top-level
+        ``webhooks.secret`` when the workspace has no key)."""
+        account = self._by_workspace.get(plan.workspace)
+        secret = self._config.webhooks.secret if account is None else account.webhook_secret
         key = secret + ".wrong" if plan.bad_signature else secret
         return {
             "Content-Type": "application/json",
@@ -464,7 +570,8 @@ class Model:
             "id": event_id, "type": f"{job.sume_type}.{suffix}", "created_at": iso(at),
             "data": {"job_id": job.id, "status": job.spec.outcome, "type": job.sume_type},
         }, separators=(",", ":")).encode()
-        plan = WebhookPlan(at + hooks.delay, event_id, job.id, job.webhook_url, body, lost, duplicate, bad)
+        plan = WebhookPlan(at + hooks.delay, event_id, job.id, job.webhook_url, body, lost, duplicate, bad,
+                           workspace=job.workspace)
         self._plan_seq += 1
         heapq.heappush(self._plans, (plan.due, self._plan_seq, plan))
         self._hooks["planned"] += 1
@@ -480,58 +587,75 @@ class Model:
 
     # ------------------------------------------------------------------ internals
 
-    def _book(self, cls: str) -> BudgetBook:
-        return self._books.setdefault((self._config.api_key, cls), BudgetBook())
+    def _book(self, key: str, cls: str) -> BudgetBook:
+        return self._books.setdefault((key, cls), BudgetBook())
 
-    def _budget_args(self, cls: str) -> tuple[Any, float]:
+    def _budget_args(self, account: Account, cls: str) -> tuple[Budget, float]:
         if cls == READS:
-            return self._config.read_budget, self._config.other_consumer_share
-        return self._config.create_budget, 0.0
+            return account.read_budget, self._config.other_consumer_share
+        return account.create_budget, 0.0
 
-    def _spend(self, cls: str, now: float) -> Admission:
-        budget, share = self._budget_args(cls)
-        admission = self._book(cls).admit(now, budget, share)
+    def _workspace(self, workspace: str) -> dict[str, Any]:
+        return self._workspaces.setdefault(workspace, _workspace_counters())
+
+    def _spend(self, account: Account, cls: str, now: float) -> Admission:
+        """Charge one attempt to ``account``'s book of ``cls``."""
+        budget, share = self._budget_args(account, cls)
+        admission = self._book(account.key, cls).admit(now, budget, share)
+        counters = self._workspace(account.workspace)[cls]
+        counters["attempts"] += 1
+        counters["served" if admission.allowed else "rate_limited"] += 1
         if not admission.allowed:
             self._counters["rate_limited"] += 1
         return admission
 
-    def _peek(self, cls: str, now: float) -> RateView | None:
-        budget, share = self._budget_args(cls)
-        return self._book(cls).peek(now, budget, share)
-
-    def _deny(self, req: Request, cls: str, now: float) -> Reply | None:
-        """401 for a wrong key, 403 when the key's workspace is refused; None: go on."""
-        key = self._config.api_key.encode()
-        authorized = any(hmac.compare_digest(k.encode(), key) for k in req.api_keys)
-        if authorized and not self._config.key_forbidden:
+    def _peek(self, account: Account | None, cls: str, now: float) -> RateView | None:
+        if account is None:
             return None
-        answer = _Answer(req.request_id, self._peek(cls, now))
-        if not authorized:
+        budget, share = self._budget_args(account, cls)
+        return self._book(account.key, cls).peek(now, budget, share)
+
+    def _authorise(self, req: Request, cls: str, now: float) -> tuple[Account | None, Reply | None]:
+        """(the account of the first configured key the request presents, None), or (None, a 401 for no
+        such key or a 403 when the key's workspace is refused)."""
+        account = next((self._accounts[k] for k in req.api_keys if k in self._accounts), None)
+        if account is not None and not self._config.key_forbidden:
+            return account, None
+        if account is None:
+            # A 401 reports the default key's budget view, as before there were several keys.
+            default = None if self._config.api_key is None else self._accounts.get(self._config.api_key)
             self._counters["unauthorized"] += 1
-            return answer.error(401, "unauthorized", "missing or invalid API key")
+            answer = _Answer(req.request_id, self._peek(default, cls, now))
+            return None, answer.error(401, "unauthorized", "missing or invalid API key")
         self._counters["forbidden"] += 1
-        return answer.error(403, "forbidden", "this API key's workspace may not use this API")
+        self._workspace(account.workspace)["forbidden"] += 1
+        answer = _Answer(req.request_id, self._peek(account, cls, now))
+        return None, answer.error(403, "forbidden", "this API key's workspace may not use this API")
 
     @staticmethod
     def _rate_limited(answer: _Answer, admission: Admission) -> Reply:
         return answer.error(429, "rate_limit_exceeded", "rate limit exceeded", retry_after=admission.retry_after)
 
     def _open_read(self, req: Request, job_id: str, counter: str) -> _Read:
-        """Gate a job read: key checks, budget, unknown id, read-after-create lag, foreign job."""
+        """Gate a job read: key checks, budget, unknown id, read-after-create lag, foreign job (a
+        ``forbidden`` one, or one of another workspace than the caller's: not counted on the job)."""
         now = self.clock.now()
-        denied = self._deny(req, READS, now)
-        if denied is not None:
+        account, denied = self._authorise(req, READS, now)
+        if account is None:
             return _Read(_Answer(req.request_id, None), now, refusal=denied)
         self._counters[counter] += 1
-        admission = self._spend(READS, now)
+        admission = self._spend(account, READS, now)
         read = _Read(_Answer(req.request_id, admission.rate), now, self._jobs.get(job_id))
-        self._count_job_read(read.job, job_id, counter, now)
+        other_workspace = read.job is not None and read.job.workspace != account.workspace
+        if not other_workspace:
+            self._count_job_read(read.job, job_id, counter, now)
         if not admission.allowed:
             read.refusal = self._rate_limited(read.answer, admission)
         elif read.job is None or now < read.job.visible_at:
             read.refusal = read.answer.error(404, "not_found", f"job {job_id} not found")
-        elif read.job.spec.forbidden:
+        elif read.job.spec.forbidden or other_workspace:
             self._counters["forbidden"] += 1
+            self._workspace(account.workspace)["forbidden"] += 1
             read.refusal = read.answer.error(403, "forbidden", f"job {job_id} belongs to another workspace")
         return read
 
@@ -594,35 +718,39 @@ class Model:
         except SpecError as exc:
             return None, None, exc
 
-    def _create_fault(self, req: Request, spec: JobSpec | None) -> str | None:
-        """The create fault for this attempt of one Idempotency-Key, consumed."""
+    def _create_fault(self, req: Request, spec: JobSpec | None, workspace: str) -> str | None:
+        """The create fault for this attempt of one Idempotency-Key (of the workspace), consumed."""
         if spec is None or not spec.create_faults:
             return None
-        key = req.idempotency_key or req.request_id
+        key = (workspace, req.idempotency_key or req.request_id)
         attempt = self._create_attempts.get(key, 0)
         self._create_attempts[key] = attempt + 1
         return spec.create_faults[attempt] if attempt < len(spec.create_faults) else None
 
-    def _start(self, answer: _Answer, kind: str, spec: JobSpec, url: str | None, now: float) -> Reply:
+    def _start(self, answer: _Answer, kind: str, spec: JobSpec, url: str | None, now: float,
+               workspace: str) -> Reply:
         """Bill and start the job(s), or answer 402."""
         if spec.insufficient_credits:
             self._counters["insufficient_credits"] += 1
             details = {"required": 1, "available": 0}
             return answer.error(402, "insufficient_credits", "not enough credits to start this job", details)
         self._counters["creates"] += 1
-        jobs = [self._new_job(kind, spec, None, now, url) for _ in range(spec.count)]
+        jobs = [self._new_job(kind, spec, None, now, url, workspace) for _ in range(spec.count)]
         if spec.id_shape == "job_ids":
             return answer.json(201, {"job_ids": [j.id for j in jobs]})
         if spec.id_shape == "job_id":
             return answer.json(201, {"job_id": jobs[0].id, "status": "queued"})
         return answer.json(201, {"job": {"id": jobs[0].id, "status": "queued", "type": jobs[0].sume_type}})
 
-    def _new_job(self, kind: str, spec: JobSpec, job_id: str | None, created: float, url: str | None) -> Job:
+    def _new_job(self, kind: str, spec: JobSpec, job_id: str | None, created: float, url: str | None,
+                 workspace: str) -> Job:
         not_found_for = self._config.not_found_for if spec.not_found_for is None else spec.not_found_for
         result_url = f"https://cdn.sume.example/signed/{secrets.token_hex(16)}?sig={secrets.token_hex(16)}"
-        job = Job(job_id or "job_" + secrets.token_hex(12), kind, spec, created, not_found_for, result_url, url)
+        job = Job(job_id or "job_" + secrets.token_hex(12), kind, spec, created, not_found_for, result_url, url,
+                  workspace)
         self._jobs[job.id] = job
         self._counters["jobs_created"] += 1
+        self._workspace(workspace)["jobs_created"] += 1
         while len(self._jobs) > self.max_jobs:
             self._jobs.popitem(last=False)
         self._plan_webhook(job)

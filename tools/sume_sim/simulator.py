@@ -25,7 +25,8 @@ class SumeSimulator:
     ...     print(sim.base_url)   # http://127.0.0.1:PORT/api/v1
 
     ``rate_limit_per_minute`` is an alias of ``read_budget["per_minute"]`` (and wins over it);
-    ``list_config`` is the ``list`` config field. ``clock`` replaces the default
+    ``list_config`` is the ``list`` config field; ``keys`` adds API keys beside ``api_key``, each with its
+    workspace and optionally its own budgets and webhook secret (see ``README.md``). ``clock`` replaces the default
     ``Clock(time_scale)``, for tests that drive time themselves; with ``deliver_webhooks=False``
     they also deliver due webhooks themselves (``model.take_due_webhooks``).
     """
@@ -53,6 +54,7 @@ class SumeSimulator:
         result_not_ready: int = 409,
         list_config: dict[str, Any] | None = None,
         webhooks: dict[str, Any] | None = None,
+        keys: dict[str, Any] | None = None,
         clock: Clock | None = None,
         deliver_webhooks: bool = True,
     ) -> None:
@@ -63,7 +65,7 @@ class SumeSimulator:
             "exact_hints": exact_hints, "read_budget": read_budget, "create_budget": create_budget,
             "other_consumer_share": other_consumer_share, "not_found_for": not_found_for,
             "key_forbidden": key_forbidden, "result_not_ready": result_not_ready, "list": list_config,
-            "webhooks": webhooks,
+            "webhooks": webhooks, "keys": keys,
         }
         if rate_limit_per_minute is not None:
             changes["rate_limit_per_minute"] = rate_limit_per_minute
@@ -148,13 +150,33 @@ class SumeSimulator:
         return self.model.job_info(job_id)
 
     def seed_job(self, kind: str = "image", sim: dict[str, Any] | None = None, job_id: str | None = None,
-                 age: float = 0.0, webhook_url: str | None = None) -> str:
-        """Create a job directly (no billing, no budget), as if created ``age`` clock seconds ago."""
-        return self.model.seed_job(kind, sim, job_id, age, webhook_url)
+                 age: float = 0.0, webhook_url: str | None = None, *, key: str | None = None,
+                 workspace: str | None = None) -> str:
+        """Create a job directly (no billing, no budget), as if created ``age`` clock seconds ago, in
+        the workspace of API key ``key`` or in ``workspace`` (default: the default workspace)."""
+        return self.model.seed_job(kind, sim, job_id, age, webhook_url, key=key, workspace=workspace)
 
-    def budget_stats(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
-        """Budget windows per class and size (``GET /_sim/budget``)."""
+    def budget_stats(self) -> dict[str, Any]:
+        """Budget windows per class and size of ``api_key``, and per workspace under ``keys``
+        (``GET /_sim/budget``)."""
         return self.model.budget_stats()
+
+    def add_key(self, key: str, workspace: str | None = None, *, read_budget: dict[str, int | None] | None = None,
+                create_budget: dict[str, int | None] | None = None,
+                webhook_secret: str | None = None) -> dict[str, Any]:
+        """Add an API key (``POST /_sim/keys/add``); returns ``{"workspace", "key": <label>}``."""
+        entry = {"key": key, "workspace": workspace, "read_budget": read_budget, "create_budget": create_budget,
+                 "webhook_secret": webhook_secret}
+        return self.model.add_key({name: value for name, value in entry.items() if value is not None})
+
+    def rotate_key(self, old: str, new: str) -> dict[str, Any]:
+        """``new`` takes over ``old``'s workspace, limits and budget windows; ``old`` answers 401 from now
+        on (``POST /_sim/keys/rotate``)."""
+        return self.model.rotate_key(old, new)
+
+    def remove_key(self, key: str) -> dict[str, Any]:
+        """``key`` answers 401 from now on; its workspace's jobs stay (``POST /_sim/keys/remove``)."""
+        return self.model.remove_key(key)
 
     def webhook_stats(self) -> dict[str, Any]:
         """Webhook totals and recent deliveries (``GET /_sim/webhooks``)."""

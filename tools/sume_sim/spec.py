@@ -44,6 +44,8 @@ FAILURE_CODES: dict[str, str] = {
 }
 TERMINAL_STATUSES = SUCCESS_STATUSES | frozenset(FAILURE_CODES)
 ID_SHAPES = ("job.id", "job_id", "job_ids")
+#: The workspace of the top-level ``api_key`` and of seeded jobs that name none.
+DEFAULT_WORKSPACE = "default"
 RESULT_SHAPES = ("object", "list", "string", "large")
 DEFAULT_RESULT_BYTES = 400_000
 #: HTTP statuses the result route may answer while a result is not ready yet (409 is the default).

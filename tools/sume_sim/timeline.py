@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tools.sume_sim.spec import ACTIVE_CYCLE, HINT_FIELDS, SUME_TYPES, JobSpec
+from tools.sume_sim.spec import ACTIVE_CYCLE, DEFAULT_WORKSPACE, HINT_FIELDS, SUME_TYPES, JobSpec
 
 _EPSILON = 1e-9
 
@@ -57,6 +57,7 @@ class Job:
     not_found_for: float
     result_url: str
     webhook_url: str | None = None
+    workspace: str = DEFAULT_WORKSPACE  # the workspace of the key that created it
     status_reads: int = 0
     result_reads: int = 0
     fault_cursor: int = 0
