@@ -882,12 +882,131 @@ def test_python_api_and_context_manager(http: urllib3.PoolManager) -> None:
         http.request("GET", f"http://127.0.0.1:{port}/_sim/stats", retries=False)
 
 
+# ---------------------------------------------------------------------------- API keys
+
+KEY_A = "sume_live_acme_0123456789"
+KEY_B = "sume_live_globex_9876543"
+
+
+class FakeWall:
+    """A wall clock the test moves: the simulator's clock at scale 1 without waiting."""
+
+    def __init__(self) -> None:
+        self.t = float(int(time.time()) // 60 * 60) + 0.5  # half a second into a minute window
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def as_key(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def keyed(make_client: Callable[..., Client]) -> tuple[Client, FakeWall]:
+    """A simulator on a fake wall clock with the default key, A ("acme", 2 reads a minute) and B
+    ("globex", 3 reads a minute, its own webhook secret)."""
+    wall = FakeWall()
+    keys = {KEY_A: {"workspace": "acme", "read_budget": {"per_minute": 2}},
+            KEY_B: {"workspace": "globex", "read_budget": {"per_minute": 3}, "webhook_secret": "whsec_globex"}}
+    client = make_client(clock=Clock(1.0, wall=wall), keys=keys,
+                         webhooks={"kinds": ["image"], "secret": "whsec_top"})
+    return client, wall
+
+
+def test_keys_have_their_own_budgets_workspaces_and_lists(keyed: tuple[Client, FakeWall]) -> None:
+    client, _ = keyed
+    mine = client.create(auth=False, headers=as_key(KEY_A))
+    theirs = client.create(auth=False, headers={"X-Api-Key": KEY_B})
+    reads = [client.api("GET", f"/jobs/{mine}", auth=False, headers=as_key(KEY_A)) for _ in range(3)]
+    assert [r.status for r in reads] == [200, 200, 429]
+    assert_envelope(reads[2], 429, "rate_limit_exceeded")
+    assert (reads[2].headers["Retry-After"], reads[2].headers["RateLimit-Policy"]) == ("60", "2;w=60")
+    foreign = client.api("GET", f"/jobs/{mine}", auth=False, headers=as_key(KEY_B))
+    assert_envelope(foreign, 403, "forbidden")  # B's read budget pays for it: 1 of 3 spent
+    assert foreign.headers["RateLimit-Remaining"] == "2"
+    listing = client.api("GET", "/jobs", auth=False, headers={"Authorization": "Bearer wrong", "X-Api-Key": KEY_B})
+    assert [item["id"] for item in listing.json()["jobs"]] == [theirs]
+    assert client.api("GET", f"/jobs/{theirs}", auth=False, headers=as_key(KEY_B)).status == 200
+    assert client.api("GET", f"/jobs/{theirs}", auth=False, headers=as_key(KEY_B)).status == 429
+    assert client.api("GET", "/jobs").json()["jobs"] == [] and client.status(client.create())["status"] == "queued"
+    stats = client.stats()["keys"]
+    assert stats["acme"]["reads"] == {"attempts": 3, "served": 2, "rate_limited": 1}
+    assert stats["globex"]["reads"] == {"attempts": 4, "served": 3, "rate_limited": 1}
+    assert stats["globex"]["forbidden"] == 1 and stats["default"]["jobs_created"] == 1
+    budget = client.ctl("GET", "/budget").json()
+    assert budget["keys"]["globex"]["reads"]["60"][-1]["attempts"] == 4
+    assert budget["reads"]["60"][-1]["attempts"] == 2  # the top level is the default key's, as before
+    for answer in (client.ctl("GET", "/stats"), client.ctl("GET", "/budget")):
+        assert all(key.encode() not in answer.data for key in (KEY, KEY_A, KEY_B))
+
+
+def test_key_control_routes_rotate_remove_and_add(keyed: tuple[Client, FakeWall]) -> None:
+    client, wall = keyed
+    job_id = client.create(auth=False, headers=as_key(KEY_A), sim={"duration": 600})
+    assert client.api("GET", f"/jobs/{job_id}", auth=False, headers=as_key(KEY_A)).status == 200
+    rotated = client.ctl("POST", "/keys/rotate", {"old": KEY_A, "new": "sume_live_acme_rotated"})
+    assert rotated.status == 200 and rotated.json() == {"workspace": "acme", "key": "sume_liv..."}
+    assert_envelope(client.api("GET", f"/jobs/{job_id}", auth=False, headers=as_key(KEY_A)), 401, "unauthorized")
+    kept = client.api("GET", f"/jobs/{job_id}", auth=False, headers=as_key("sume_live_acme_rotated"))
+    assert (kept.status, kept.headers["RateLimit-Remaining"]) == (200, "0")  # the same minute window
+    removed = client.ctl("POST", "/keys/remove", {"key": KEY_B})
+    assert removed.status == 200 and removed.json()["workspace"] == "globex"
+    assert_envelope(client.api("GET", "/jobs", auth=False, headers=as_key(KEY_B)), 401, "unauthorized")
+    added = client.ctl("POST", "/keys/add", {"key": "sume_live_initech_1", "workspace": "initech",
+                                             "create_budget": {"per_minute": 1}})
+    assert added.status == 201 and added.json() == {"workspace": "initech", "key": "sume_liv..."}
+    initech = as_key("sume_live_initech_1")
+    assert client.create(auth=False, headers=initech)
+    assert client.api("POST", "/images/generations", {}, auth=False, headers=initech).status == 429
+    for path, body, field in (("/keys/rotate", {"old": "nope", "new": "x"}, "old"),
+                              ("/keys/rotate", {"old": KEY, "new": "sume_live_initech_1"}, "new"),
+                              ("/keys/remove", {"key": KEY_B}, "key"),
+                              ("/keys/remove", {"key": KEY, "extra": 1}, "extra"),
+                              ("/keys/add", {"key": "k3", "workspace": "initech"}, "workspace")):
+        refused = client.ctl("POST", path, body)
+        assert refused.status == 400 and refused.json()["error"]["details"] == {"field": field}, (path, body)
+    keys = client.ctl("GET", "/config").json()["keys"]
+    assert set(keys) == {"sume_live_acme_rotated", "sume_live_initech_1"} and keys["sume_live_acme_rotated"] == {
+        "workspace": "acme", "read_budget": {"per_minute": 2, "per_day": None}}
+    sim = client.sim  # the same calls on the Python wrapper
+    assert sim.rotate_key("sume_live_acme_rotated", KEY_A) == {"workspace": "acme", "key": "sume_liv..."}
+    assert sim.add_key(KEY_B, "globex", read_budget={"per_minute": 5}, webhook_secret="s2")["workspace"] == "globex"
+    assert sim.remove_key("sume_live_initech_1")["workspace"] == "initech"
+    wall.advance(60)
+    assert client.api("GET", f"/jobs/{job_id}", auth=False, headers=as_key(KEY_A)).status == 200
+    assert client.api("GET", "/jobs", auth=False, headers=as_key("sume_live_initech_1")).status == 401
+    assert sim.stats()["keys"]["initech"]["key"] is None and sim.stats()["keys"]["globex"]["read_budget"] == {
+        "per_minute": 5, "per_day": None}
+
+
+def test_webhook_is_signed_with_the_workspace_keys_secret(keyed: tuple[Client, FakeWall], receiver: Receiver) -> None:
+    client, wall = keyed
+    theirs = client.seed(kind="image", key=KEY_B, webhook_url=receiver.url, sim={"duration": 1})
+    default = client.seed(kind="image", webhook_url=receiver.url, sim={"duration": 1})
+    assert client.job_info(theirs)["workspace"] == "globex" and client.job_info(default)["workspace"] == "default"
+    wall.advance(2)
+    wait_for(lambda: len(receiver.requests) >= 2, what="two deliveries")
+    signed_with = {}
+    for headers, body in receiver.requests:
+        for secret in ("whsec_globex", "whsec_top"):
+            digest = hmac.new(secret.encode(), f"{headers['x-sume-timestamp']}.".encode() + body,
+                              hashlib.sha256).hexdigest()
+            if headers["x-sume-signature"] == f"v1={digest}":
+                signed_with[json.loads(body)["data"]["job_id"]] = secret
+    assert signed_with == {theirs: "whsec_globex", default: "whsec_top"}
+
+
 # ---------------------------------------------------------------------------- CLI
 
 
 def test_cli_starts_serves_and_exits_on_sigterm(http: urllib3.PoolManager) -> None:
     command = [sys.executable, "-m", "tools.sume_sim", "--port", "0", "--api-key", "sume_cli_key", "--no-hints",
-               "--time-scale", "0.01", "--read-per-minute", "100", "--list", '{"cursor": true}']
+               "--time-scale", "0.01", "--read-per-minute", "100", "--list", '{"cursor": true}',
+               "--keys", '{"sume_cli_key_b": {"workspace": "b", "read_budget": {"per_minute": 7}}}']
     proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines: list[str] = []
@@ -907,6 +1026,8 @@ def test_cli_starts_serves_and_exits_on_sigterm(http: urllib3.PoolManager) -> No
         )
         assert job.status == 200 and "next_poll_after_seconds" not in job.json()["job"]
         assert job.headers["RateLimit-Policy"] == "100;w=60"
+        listing = http.request("GET", f"{base}/jobs", headers={"X-Api-Key": "sume_cli_key_b"})
+        assert listing.json()["jobs"] == [] and listing.headers["RateLimit-Policy"] == "7;w=60"
         config = http.request("GET", base.replace("/api/v1", "/_sim/config")).json()
         assert config["time_scale"] == 0.01 and config["list"]["cursor"] is True
         proc.send_signal(signal.SIGTERM)
