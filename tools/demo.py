@@ -1,20 +1,15 @@
-"""The demo: run a few hundred Sume jobs through the system locally and show what happened.
+"""The demo: a few hundred Sume jobs through the system on this machine, shown live, then a summary.
 
     python -m tools.demo [--backend deployed|inprocess] [--jobs 300] [--time-scale 0.1]
                          [--seed 7] [--timeout 600] [--param Key=Value ...]
 
-It starts a local stack (tools.stack): ``deployed`` (default, ``make demo``) builds and deploys
-template.yaml into ministack, where the deployed schedule, SQS event source and Lambdas do the
-work; ``inprocess`` runs the handlers in this process on moto server, playing the event source
-and the schedule. Either way redis-server, the Sume simulator and the AWS side run on free
-127.0.0.1 ports and are stopped on exit or Ctrl-C.
-
-``--time-scale`` is the stack's one clock knob: the functions and the simulator both run on it
-(0.1: a clock second lasts 0.1 s). The jobs' simulated durations, Sume's hints and the read
-budget (the template's 120 reads per clock minute unless ``--param ReadsPerMinute=...``; no
-daily cap) are clock time. The run submits jobs of mixed kinds, lengths and outcomes through the
-submit function, shows live progress, then a summary. Exit status 1 if a job was lost (not
-terminal in time) or finished twice (more than one terminal event).
+``deployed`` (default, ``make demo``): template.yaml built and deployed into ministack, whose
+schedule, SQS event source and Lambdas do the work; ``inprocess``: the handlers in this process on
+moto server. Either way redis-server, the Sume simulator and the AWS side run on free 127.0.0.1
+ports and are stopped on exit or Ctrl-C. ``--time-scale`` is the one clock knob (0.1: a clock
+second lasts 0.1 s) of the functions and the simulator alike: the jobs' durations, Sume's hints
+and the read budget (120 reads a clock minute unless ``--param ReadsPerMinute=...``) are clock
+time. Exit status 1 if a job was lost (not terminal in time) or finished twice.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sume_poller.coverage import CoverageStore
+from tools.local_invoke import parse_parameter_overrides
 from tools.ops import model_lines
 from tools.stack import SetupError, Stack
 
@@ -179,13 +175,6 @@ def run(stack: Stack, count: int, seed: int, timeout: float, console: Console) -
     return table("summary", rows), lost, doubled
 
 
-def _parameter(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected Key=Value, not {text!r}")
-    return key, value
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     """SIGTERM (``timeout``, ``kill PID``) unwinds like Ctrl-C, so everything started is stopped."""
     raise KeyboardInterrupt(f"signal {signum}")
@@ -199,9 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=0.1, help="real seconds per clock second (0 < s <= 1)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout", type=float, default=600, help="seconds before unfinished jobs count as lost")
-    parser.add_argument("--param", type=_parameter, action="append", default=[], metavar="Key=Value",
+    parser.add_argument("--param", action="append", default=[], metavar="Key=Value",
                         help="a template parameter (repeatable), e.g. ReadsPerMinute=600")
     args = parser.parse_args(argv)
+    try:
+        parameters = {**DEMO_PARAMETERS, **parse_parameter_overrides(args.param)}
+    except ValueError as error:
+        parser.error(str(error))
     console = Console()
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _interrupt)
@@ -210,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from tools.stack.deployed import DeployedStack as backend  # type: ignore[assignment]
     try:
-        with backend(time_scale=args.time_scale, parameters={**DEMO_PARAMETERS, **dict(args.param)}) as stack:
+        with backend(time_scale=args.time_scale, parameters=parameters) as stack:
             summary, lost, doubled = run(stack, args.jobs, args.seed, args.timeout, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; everything the demo started is stopped[/yellow]")

@@ -1,25 +1,16 @@
 """A TCP proxy between a Redis client and server that loses, delays or replaces replies on demand:
 what a real network (and an ElastiCache failover) does to Redis commands, with a real client and
-a real server::
+a real server. A fault is armed for the next ``times`` commands of a name (any case)::
 
     with RedisServer() as server, FaultProxy("127.0.0.1", server.port) as proxy:
         client = redis.Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         proxy.drop_reply("SET")
         client.set("k", "v")  # raises redis.ConnectionError, yet k is set on the server
 
-A fault is armed for the next ``times`` commands of a name (any case): :meth:`~FaultProxy.drop_reply`
-(the command runs; its reply is dropped and the client's connection closed),
-:meth:`~FaultProxy.delay_reply` (the reply is held some seconds: past the client's socket timeout
-that is a timeout, the command having run), :meth:`~FaultProxy.inject_error` (the command never
-reaches the server; the client gets an error reply instead, e.g. ``READONLY ...`` after a
-failover). :meth:`~FaultProxy.refuse` / :meth:`~FaultProxy.accept`: an outage (connections closed,
-new ones closed at once), and back.
-
-The proxy reads just enough RESP to find where each command ends in the client's byte stream
-(pipelines included) and which server reply answers it: on one connection, replies come in the
-order of the commands. RESP2 and RESP3 values are framed; out-of-band RESP3 pushes (client
-tracking, pub/sub) are not matched to commands. Standard library only: an asyncio event loop in
-a thread of its own serves every connection.
+It reads just enough RESP (RESP2 and RESP3) to find where each command ends in the client's byte
+stream (pipelines included) and which server reply answers it: on one connection, replies come
+in the order of the commands (out-of-band RESP3 pushes are not matched to commands). Standard
+library only: an asyncio event loop in a thread of its own serves every connection.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
-"""A Docker-free stand-in for ``sam local invoke``.
+"""A Docker-free stand-in for ``sam local invoke`` (``make invoke``)::
 
     python -m tools.local_invoke PollFunction -e events/poll.json \\
         [--env-vars env.json] [--parameter-overrides K=V ...] [--template template.yaml] [--region R]
 
-The function is resolved from the template as the in-process stack resolves it
-(:func:`tools.template.resolve`: the SAM transform, then CreateStack in moto's in-memory mock; a
-Ref to a resource gives the name moto made for it), and kept in ``.scratch/invoke`` for the next
-run with the same template, parameters and region. Its handler runs in a fresh Python process
-(sam's fresh container) with this interpreter: ``sys.path`` starts with the function's code dir
-and its layers' dirs; the environment is this one's, the variables Lambda sets, then the
-function's own (which win); the context counts down from the function's Timeout. The handler's
-JSON result goes to stdout, whatever it logs or prints to stderr. A handler that raises exits 1
-(traceback on stderr, Lambda's error document on stdout); one still running at its Timeout is
-ended by an interval timer's SIGALRM (which no handler can hold off, not even one holding the
-GIL), its process group killed, and exits 124 with "Function timed out after N s".
-
-Only the standard library is imported at import time: the child process loads this file by path
-to run the handler, without the repository on the handler's ``sys.path``.
+The function is resolved as the in-process stack resolves it (:func:`tools.template.resolve`),
+kept in ``.scratch/invoke`` for the next run with the same template, parameters and region, and
+its handler runs in a fresh Python process (sam's fresh container): ``sys.path`` starts with its
+code dir and layers; the environment is this one's, Lambda's variables, then the function's own;
+the context counts down from its Timeout. The result goes to stdout, whatever the handler logs or
+prints to stderr. A handler that raises exits 1 (Lambda's error document on stdout); one still
+running at its Timeout is ended by an interval timer's SIGALRM (even one holding the GIL), its
+process group killed, and exits 124 ("Function timed out after N s"). Only the standard library
+is imported at import time: the child loads this file by path, the repository off its sys.path.
 """
 
 from __future__ import annotations
@@ -244,27 +239,23 @@ def parse_parameter_overrides(items: Sequence[str]) -> dict[str, str]:
 
 def functions(template: Path, overrides: Mapping[str, str], region: str) -> dict[str, FunctionSpec]:
     """The template's functions as :func:`tools.template.resolve` makes them, kept in
-    ``.scratch/invoke`` by the text of the template and of tools/template.py, the overrides and the
-    region (a resolve imports moto's CloudFormation: seconds; `make invoke` runs again and again)."""
+    ``.scratch/invoke`` by the template (its path and text), tools/template.py's text, the overrides
+    and the region (a resolve imports moto's CloudFormation: seconds; `make invoke` runs again and again)."""
     import hashlib
+    import pickle
 
     from tools import template as tooling
 
-    texts = [template.read_text(), Path(tooling.__file__).read_text(), sorted(overrides.items()), region]
-    cache = tooling.ROOT / ".scratch" / "invoke" / f"{hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:32]}.json"
+    key = [str(template.resolve()), template.read_text(), Path(tooling.__file__).read_text(), sorted(overrides.items()),
+           region]
+    cache = tooling.ROOT / ".scratch" / "invoke" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}"
     cache.parent.mkdir(parents=True, exist_ok=True)
-    base = template.resolve().parent  # paths are kept relative to the template's directory
     with open(cache.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent invocations: one resolves, the others read it
         if not cache.exists():
-            resolved = {lid: {**dataclasses.asdict(f), "code_dir": os.path.relpath(f.code_dir, base),
-                              "layer_dirs": [os.path.relpath(d, base) for d in f.layer_dirs]}
-                        for lid, f in tooling.resolve(overrides, template, region).functions.items()}
-            cache.write_text(json.dumps(resolved))
-        saved = json.loads(cache.read_text())
-    return {lid: tooling.Function(**{**f, "code_dir": (base / f["code_dir"]).resolve(),
-                                     "layer_dirs": [(base / d).resolve() for d in f["layer_dirs"]]})
-            for lid, f in saved.items()}
+            cache.write_bytes(pickle.dumps(tooling.resolve(overrides, template, region).functions))
+        functions: dict[str, FunctionSpec] = pickle.loads(cache.read_bytes())  # noqa: S301 - this tool's own file
+        return functions
 
 
 def main(argv: Sequence[str] | None = None) -> int:

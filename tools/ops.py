@@ -1,23 +1,16 @@
 """Operator commands for a deployed sume-poller stack (``make status``, ``make models``, ``make redrive``).
 
-    python -m tools.ops status  [--stack NAME] [--config-env default|dev|prod]
-    python -m tools.ops models  [--stack NAME] [--config-env ...]
-    python -m tools.ops redrive [--stack NAME] [--config-env ...] [--max-per-second N]
+    python -m tools.ops status|models|redrive [--stack NAME] [--config-env default|dev|prod] [--max-per-second N]
 
-The stack is found through CloudFormation: its outputs name the jobs table and the queues. AWS
-access is the usual configuration (profile, region, credentials); with ``AWS_ENDPOINT_URL`` set
-the same commands talk to a local emulator such as ministack (dummy credentials are then used
-when none are configured). The stack name defaults to ``stack_name`` of the config environment
-in samconfig.toml.
-
-``status`` reads the whole table (one paginated scan of four attributes): pending and terminal
-counts by status, the oldest pending job, and the depths of the poll queue and its DLQ.
-``models`` prints the learned completion-time model of every profile, as the poll function
-fits it from the statistics items (median, p90, spread, observations; "static schedule" while a
-profile has too few observations). ``redrive`` starts an SQS message move task from the
-dead-letter queue back to the poll queue (StartMessageMoveTask). Neither moto nor ministack
-implements that call, so it is tested against botocore's Stubber (tests/e2e/test_deployed_stack.py),
-not an emulator.
+The stack (default: samconfig.toml's ``stack_name`` of the config environment) is found through
+CloudFormation: its outputs name the table and the queues. AWS access is the usual configuration;
+with ``AWS_ENDPOINT_URL`` set the same commands talk to a local emulator such as ministack (with
+dummy credentials when none are configured). ``status``: counts by status (one paginated scan of
+four attributes), the oldest pending job, the depths of the poll queue and its DLQ. ``models``:
+every profile's learned completion-time model as the poll function fits it from the statistics
+items. ``redrive``: an SQS message move task from the DLQ back to the poll queue
+(StartMessageMoveTask, which neither moto nor ministack implements: tests/e2e/test_deployed_stack.py
+tests it against botocore's Stubber).
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Local services for tests, the demo and CI: redis-server and moto server as child processes,
-started and stopped by mirakuru executors.
-
-Each runs on a free 127.0.0.1 port; mirakuru refuses a port already taken, waits until the
-service accepts connections (with a deadline), stops it by its process group (SIGTERM, then
-SIGKILL) and kills what is left of it at interpreter exit. Its output goes to a temporary file,
-quoted when it fails to start. Use them as context managers::
-
-    with RedisServer() as redis, MotoServer() as moto:
-        ...  # redis.url, moto.endpoint_url
-
-What mirakuru does not know, kept here: Redis in the shapes AWS runs it - with an AUTH token
-(``RedisServer(password=...)``), with an ACL user and the default user disabled (ElastiCache RBAC:
-``RedisServer(acl_user=(name, password))``) and in cluster mode (:class:`RedisCluster`, joined
-with ``redis-cli --cluster create``); URLs never carry credentials, ``.credentials`` gives them.
+"""Local services for tests, the demo and CI - ``with RedisServer() as redis, MotoServer() as moto``
+(``redis.url``, ``moto.endpoint_url``) - run by mirakuru: each on a free 127.0.0.1 port (a port
+already taken is refused), ready once it accepts connections (with a deadline), stopped by its
+process group (SIGTERM, then SIGKILL), killed at interpreter exit; its output quoted if it fails
+to start. What mirakuru does not know, kept here: Redis in the shapes AWS runs it - an AUTH token,
+an ACL user with the default user disabled (ElastiCache RBAC), cluster mode (:class:`RedisCluster`,
+joined with ``redis-cli --cluster create``); URLs never carry credentials, ``.credentials`` gives them.
 """
 
 from __future__ import annotations
@@ -112,9 +104,6 @@ class Service(TCPExecutor):  # type: ignore[misc]
         """Stop and start again on the same port (e.g. to simulate an outage)."""
         return self.stop().start()
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}(port={self.port}, pid={self.pid})"
-
 
 def _binary(name: str) -> str:
     found = shutil.which(name) or next((f"{d}/{name}" for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin")
@@ -132,12 +121,9 @@ def _acl_rule(password: str) -> str:
 
 class RedisServer(Service):
     """``redis-server`` on 127.0.0.1 without persistence; ``.url`` is ``redis://127.0.0.1:P/0``.
-
-    ``password`` makes the default user need it (``AUTH <password>``: requirepass, ElastiCache's
-    AUTH token). ``acl_user=(username, password)`` adds a user with full access and disables the
-    default user (ElastiCache RBAC). The users go to a config file in the server's temporary
-    directory (its working directory too: no dump file lands in the repository).
-    """
+    ``password``: the default user needs it (ElastiCache's AUTH token). ``acl_user=(name, password)``:
+    a user with full access, the default user disabled (ElastiCache RBAC). The users go to a config
+    file in the server's temporary directory (its working directory too: no dump file lands here)."""
 
     name = "redis-server"
 

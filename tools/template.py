@@ -1,11 +1,7 @@
-"""template.yaml made into AWS resources by libraries, not by hand.
-
-The SAM transform is aws-sam-translator's (the SAM CLI's); CloudFormation is moto's: the
-translated template is created as a stack (CreateStack) on a moto endpoint - the moto server a
-local stack runs on, or moto's in-memory mock for a look-up (:func:`resolve`) - and everything a
-local run needs is read back through the AWS APIs: each function's configuration, its schedule,
-the poll queue's event source mapping, the stack's resources and outputs. No intrinsic function
-is evaluated here.
+"""template.yaml made into AWS resources by libraries, not by hand: the SAM transform is
+aws-sam-translator's (the SAM CLI's), CloudFormation is moto's - CreateStack on the moto server a
+local stack runs on, or in moto's in-memory mock for a look-up (:func:`resolve`) - and what a
+local run needs is read back through the AWS APIs. No intrinsic function is evaluated here.
 
 What moto's CloudFormation cannot do, handled in :func:`for_moto` (and read back in
 :func:`create_stack`):
@@ -34,8 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from pathlib import Path
@@ -262,24 +257,18 @@ def aws_clients(endpoint_url: str | None = None, region: str = REGION) -> Client
     return cache(lambda service: session.client(service, endpoint_url=endpoint_url, config=config))
 
 
-@contextmanager
-def in_memory_aws(region: str = REGION) -> Iterator[Clients]:
-    """moto's in-memory mock of AWS in this process, and clients on it."""
-    from moto import mock_aws
-
-    from tools.services import speed_up_moto
-
-    speed_up_moto()
-    with mock_aws():
-        yield aws_clients(region=region)
-
-
 _load = cache(load)
 
 
 @cache
 def _resolved(path: Path, parameters: tuple[tuple[str, str], ...], region: str, outputs: str) -> Created:
-    with in_memory_aws(region) as client:
+    from moto import mock_aws
+
+    from tools.services import speed_up_moto
+
+    speed_up_moto()
+    with mock_aws():  # moto's in-memory AWS, in this process
+        client = aws_clients(region=region)
         created = create_stack(client, translate(_load(path), dict(parameters), region), dict(parameters),
                                stack_name=f"{STACK_NAME}-{uuid.uuid4().hex[:6]}", base_dir=path.parent, mirror=True,
                                outputs=json.loads(outputs))

@@ -142,22 +142,6 @@ def queue_depth(sqs: Any, url: str) -> int:
     return sum(int(v) for v in attrs.values())
 
 
-def peek_bodies(sqs: Any, url: str, limit: int = 1000) -> list[str]:
-    """The bodies of the visible messages of a queue, left in it (visible again at once)."""
-    seen: dict[str, dict[str, Any]] = {}
-    while len(seen) < limit:
-        reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=30, WaitTimeSeconds=0)
-        if not (fresh := [m for m in reply.get("Messages", []) if m["MessageId"] not in seen]):
-            break
-        seen.update((m["MessageId"], m) for m in fresh)
-    messages = list(seen.values())
-    for start in range(0, len(messages), 10):
-        sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
-            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
-            for i, m in enumerate(messages[start:start + 10])])
-    return [m["Body"] for m in messages]
-
-
 class EmfTotals:
     """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key).
     ``totals`` has an entry (possibly 0) for every metric name seen: a metric emitted with value 0
@@ -186,44 +170,6 @@ class EmfTotals:
 
     def clear(self) -> None:
         self.totals = Counter()
-
-
-class LogGroupMetrics(EmfTotals):
-    """EMF totals read from CloudWatch Logs groups, incrementally from ``since_ms``. Events are
-    read again with a few seconds of overlap (log delivery is not ordered across streams) and
-    de-duplicated by (stream, timestamp, message)."""
-
-    OVERLAP_MS = 5_000
-
-    def __init__(self, logs: Any, groups: Iterable[str], since_ms: int | None = None) -> None:
-        super().__init__()
-        self.logs = logs
-        self.groups = list(groups)
-        self.restart(since_ms)
-
-    def restart(self, since_ms: int | None = None) -> None:
-        self.clear()
-        self._since = int(time.time() * 1000) if since_ms is None else since_ms
-        self._watermark = {g: self._since for g in self.groups}
-        self._seen: dict[tuple[str, int, str], None] = {}
-
-    def refresh(self) -> Counter[str]:
-        for group in self.groups:
-            pages = self.logs.get_paginator("filter_log_events").paginate(
-                logGroupName=group, filterPattern='"_aws"',
-                startTime=max(self._since, self._watermark[group] - self.OVERLAP_MS))
-            try:
-                for event in (e for page in pages for e in page.get("events", [])):
-                    key = (event.get("logStreamName", ""), int(event["timestamp"]), event.get("message", ""))
-                    if key not in self._seen:
-                        self._seen[key] = None
-                        self._watermark[group] = max(self._watermark[group], key[1])
-                        self.add_line(key[2])
-            except self.logs.exceptions.ResourceNotFoundException:
-                pass  # nothing logged yet
-        floor = min(self._watermark.values()) - 2 * self.OVERLAP_MS
-        self._seen = {k: None for k in self._seen if k[1] >= floor}
-        return Counter(self.totals)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable[[], str],
@@ -348,7 +294,18 @@ class Stack(ABC):
         return queue_depth(self.client("sqs"), self.dlq_url)
 
     def dlq_bodies(self) -> list[str]:
-        return peek_bodies(self.client("sqs"), self.dlq_url)
+        """The bodies of the visible messages of the DLQ, left in it (visible again at once)."""
+        sqs, seen = self.client("sqs"), {}
+        while fresh := [m for m in sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10,
+                                                       VisibilityTimeout=30, WaitTimeSeconds=0).get("Messages", [])
+                        if m["MessageId"] not in seen]:
+            seen.update((m["MessageId"], m) for m in fresh)
+        messages = list(seen.values())
+        for start in range(0, len(messages), 10):
+            sqs.change_message_visibility_batch(QueueUrl=self.dlq_url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                for i, m in enumerate(messages[start:start + 10])])
+        return [m["Body"] for m in messages]
 
     def send(self, body: str, delay_seconds: int = 0) -> None:
         """Put a message on the poll queue (as submit or fan-out would)."""

@@ -16,7 +16,7 @@ Where ministack differs from AWS, and what is done about it here:
   PutFunctionConcurrency (ministack enforces it once set).
 * ``sam deploy`` splits ``--parameter-overrides`` on whitespace: every value is quoted.
 * It does not turn EMF lines into CloudWatch metrics: :meth:`metric_totals` reads the functions'
-  log groups (:class:`tools.stack.base.LogGroupMetrics`).
+  log groups (:class:`LogGroupMetrics`).
 * It accepts SQS ``DelaySeconds`` over 900 (real SQS rejects them): tests of that limit use the
   in-process stack on moto.
 * It does not implement SQS StartMessageMoveTask (``make redrive``; see tools/ops.py).
@@ -37,7 +37,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Self
@@ -51,9 +51,9 @@ from tools.stack.base import (
     ROOT,
     SCRATCH,
     TEMPLATE,
+    EmfTotals,
     EventSink,
     JobTable,
-    LogGroupMetrics,
     Stack,
     aws_clients,
     prune_stale,
@@ -119,6 +119,33 @@ class MinistackServer(Service):
             super().stop(*args, **kwargs)
         shutil.rmtree(self.tmpdir, ignore_errors=True)
         return self
+
+
+class LogGroupMetrics(EmfTotals):
+    """EMF totals from CloudWatch Logs groups since :meth:`restart`: each refresh reads again from a
+    few seconds before the newest event seen (delivery is not ordered across streams); an event
+    counts once (by its eventId)."""
+
+    def __init__(self, logs: Any, groups: Iterable[str]) -> None:
+        super().__init__()
+        self.logs, self.groups = logs, list(groups)
+        self.restart()
+
+    def restart(self) -> None:
+        self.clear()
+        self._from = dict.fromkeys(self.groups, int(time.time() * 1000))
+        self._seen: set[str] = set()
+
+    def refresh(self) -> Counter[str]:
+        for group, start in list(self._from.items()):
+            pages = self.logs.get_paginator("filter_log_events").paginate(
+                logGroupName=group, filterPattern='"_aws"', startTime=start)
+            with contextlib.suppress(self.logs.exceptions.ResourceNotFoundException):  # nothing logged yet
+                for event in (e for page in pages for e in page.get("events", []) if e["eventId"] not in self._seen):
+                    self._seen.add(event["eventId"])
+                    self._from[group] = max(self._from[group], int(event["timestamp"]) - 5_000)
+                    self.add_line(event.get("message", ""))
+        return Counter(self.totals)
 
 
 def _sam(args: list[str], endpoint_url: str | None, timeout: float) -> subprocess.CompletedProcess[str]:

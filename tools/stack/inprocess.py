@@ -118,13 +118,11 @@ class Delivery:
 
 
 class InProcessStack(Stack):
-    """See the module docstring. ``parameters`` are template parameters (over the local
-    defaults); ``env`` sets function environment variables directly, for values the template's
-    parameter limits do not allow (e.g. ``CLAIM_TTL_SECONDS`` below 31); ``fast_retry`` makes
-    failed records and crashed batches visible again at once instead of after the queue's
-    visibility timeout. ``moto`` is a running MotoServer to use instead of starting one (a test
-    run keeps one per process: a start costs seconds of imports); the stack resets it when it
-    starts and when it closes, so nothing else may use it meanwhile."""
+    """``parameters``: template parameters over the local defaults; ``env``: function variables set
+    directly, for values the template's limits refuse (``CLAIM_TTL_SECONDS`` below 31...);
+    ``fast_retry``: failed records and crashed batches are visible again at once, not after the
+    visibility timeout; ``moto``: a running MotoServer instead of a new one (a test process keeps
+    one: a start costs seconds of imports), reset when the stack starts and closes."""
 
     name = "handlers in-process on moto server"
 
@@ -255,7 +253,7 @@ class InProcessStack(Stack):
 
             setattr(runner, "run", tapped)  # noqa: B010 - an instance attribute over the method
             setattr(runner, "_stack_tap", True)  # noqa: B010
-        runner.step_hook = self.step_hook
+        runner.poller.step_hook = self.step_hook
         return runner
 
     def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
@@ -328,13 +326,6 @@ class InProcessStack(Stack):
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
                 for i, m in enumerate(messages[start:start + 10])])
 
-    def pump(self, *, duplicate: bool = False, wait_seconds: int = 0) -> int:
-        """One event-source cycle: receive a batch and deliver it; how many messages."""
-        messages = self.receive(wait_seconds=wait_seconds)
-        if messages:
-            self.deliver(messages, duplicate=duplicate)
-        return len(messages)
-
     def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None,
               duplicate: bool = False) -> None:
         """Play the event source mapping and the schedules (at the template's rate, or every
@@ -346,7 +337,9 @@ class InProcessStack(Stack):
             if time.monotonic() >= self._next_schedule:
                 self.run_schedules()
                 self._next_schedule = time.monotonic() + period
-            if not self.pump(duplicate=duplicate):
+            if messages := self.receive():  # one event-source cycle
+                self.deliver(messages, duplicate=duplicate)
+            else:
                 time.sleep(max(0.0, min(self.idle_wait(), left, self._next_schedule - time.monotonic())))
 
         def describe() -> str:
