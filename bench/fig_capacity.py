@@ -48,7 +48,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -386,11 +385,17 @@ def _webhook_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
                      f"{r.describe()}; found by {dict(r.found_by)}", "every completion known for free: 1.00", ok=ok,
                      figure=f"10 webhooks, {HOOK_LOSS:.0%} of deliveries lost, {rate:,.0f} jobs a day: reads per "
                             "finished job")
-    facts = list(r.jobs.values())
-    by_finder = Counter(str(j.found_by) for j in facts)
-    status = {k: sum(j.status_reads for j in facts if str(j.found_by) == k) / max(1, n) for k, n in by_finder.items()}
+    from sume_poller.coverage import is_canary
+
+    groups: dict[str, list[int]] = {}
+    for job_id, j in r.jobs.items():
+        if j.recorded and day / 8 <= j.done < day:  # Sume finished it in the window
+            groups.setdefault(("canary, " if is_canary(job_id) else "") + str(j.found_by), []).append(j.status_reads)
+    finished = max(1, sum(len(v) for v in groups.values()))
+    status = ", ".join(f"{k} {len(v)} jobs {sum(v) / len(v):.2f} a job ({sum(v) / finished:.2f} of every finished "
+                       "job's)" for k, v in sorted(groups.items()))
     row.notes.append(
-        f"{_split(r)}; status reads per job by finder {', '.join(f'{k} {v:.2f}' for k, v in sorted(status.items()))}; "
+        f"{_split(r)}; status reads by finder: {status}; "
         f"webhook answers {dict(r.hooks)}; " + ("nothing lost or doubled, every status Sume's own" if ok else
                                                 f"TWICE {r.twice}, LOST {lost}, WRONG STATUS {r.wrong_status}")
         + f"; run {r.wall:.0f} s real")
