@@ -115,7 +115,7 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
     from sume_poller.fanout import FanOut
     from sume_poller.lease import LeaseStore
     from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
-    from sume_poller.submit import Submitter
+    from sume_poller.submit import Submitter, one_key
     from sume_poller.wiring import reads_budget
 
     stack = svc.fresh()
@@ -137,9 +137,9 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
 
     fan_settings = dataclasses.replace(FanOutSettings.from_env(os.environ), lease=lease_s, budget=off)
     submit_settings = dataclasses.replace(SubmitSettings.from_env(os.environ), lease=lease_s, budget=off)
-    submitter = Submitter(submit_settings, sume=svc.sume(), store=store, queue=queue, lease=lease,
-                          creates=Budget(client, f"{prefix}!budget:creates", 0, 0, clock.now),
-                          pacer=LocalPacer(0, 0, 1))
+    submitter = Submitter(submit_settings, keys=one_key(svc.sume(), Budget(client, f"{prefix}!budget:creates", 0, 0,
+                                                                             clock.now), LocalPacer(0, 0, 1)),
+                          store=store, queue=queue, lease=lease)
     svc.sume().get_status("job_bench_warm_up")  # the API key fetched, connections open: cold start is figure 4
     run = uuid.uuid4().hex[:8]
     ids: list[str] = []

@@ -358,7 +358,7 @@ class EventSource:
             if self.crash_rate and self.rng.random() < self.crash_rate:
                 hook = crash_at(self.rng.choice(CRASH_STEPS))
             self.stats.invocations += 1
-        runner.poller.step_hook = hook
+        runner.step_hook = hook
         try:
             report = runner.run({"Records": records}, lambda: 30_000)
         except Crash as crash:

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sume_poller.budget import Grant, RateInfo
 from sume_poller.clock import Clock
-from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
+from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
 from sume_poller.lease import Claim, HandOver, Step, resting_value
 from sume_poller.queue import Outgoing
 from sume_poller.store import Ending, JobStore, TerminalWrite
@@ -228,15 +228,24 @@ class FakeStore:
         self.observations: dict[str, dict[str, tuple[float, float | None, float]]] = defaultdict(dict)
         self.down = False
         self.results = None
+        self.keys_noted: set[str] = set()
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int, profile: str | None = None,
-                    chain_due_at: float | None = None, extra: dict[str, Any] | None = None) -> bool:
+                    chain_due_at: float | None = None, extra: dict[str, Any] | None = None, key: str | None = None,
+                    own_partition: bool = False) -> bool:
         if job_id in self.records:
             return False
+        shard = keyed_shard(shard_of(job_id, self.shards), key if own_partition else None)
         self.records[job_id] = {"job_id": job_id, "kind": kind, "profile": profile or kind, "status": PENDING,
-                                "pending_shard": shard_of(job_id, self.shards), "deadline_at": deadline_at,
+                                "key": key, "pending_shard": shard, "deadline_at": deadline_at,
                                 "submitted_at": int(now), "chain_due_at": chain_due_at, **(extra or {})}
         return True
+
+    def note_key(self, key_id: str) -> None:
+        self.keys_noted.add(key_id)
+
+    def known_keys(self) -> set[str]:
+        return set(self.keys_noted)
 
     def get(self, job_id: str) -> dict[str, Any] | None:
         record = self.records.get(job_id)

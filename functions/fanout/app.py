@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.observability import MetricUnit, count_by_key, logger, metrics, traced
 from sume_poller.wiring import fanout as wiring
 
 
@@ -24,5 +24,7 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     metrics.add_metric(name="FanOutOutboxBackingOff", unit=MetricUnit.Count, value=report.outbox_backing_off)
     if report.pending_counted is not None:
         metrics.add_metric(name="PendingJobs", unit=MetricUnit.Count, value=report.pending_counted)
+    count_by_key({key: {"PendingJobs": pending, "FanOutStarted": report.started_by_key.get(key, 0)}
+                  for key, pending in report.pending_by_key.items()})
     logger.info("fan-out finished", extra=report.as_dict())
     return report.as_dict()

@@ -9,7 +9,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import single_metric
 
-from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.observability import MetricUnit, count_by_key, logger, metrics, traced
 from sume_poller.wiring import sweep as wiring
 
 
@@ -30,6 +30,8 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
     if (report.why_not or "").startswith("RedisMisconfigured"):
         metrics.add_metric(name="RedisMisconfigured", unit=MetricUnit.Count, value=1)
+    count_by_key({key: {"SweepReads": each["reads"], "SweepHandedOver": each["handed_over"]}
+                  for key, each in report.by_key.items()})
     for kind, (covered, _) in report.coverage.items():
         with single_metric(name="SweepCovered", unit=MetricUnit.Count, value=covered) as metric:
             metric.add_dimension(name="kind", value=kind)

@@ -178,7 +178,8 @@ def test_submit_events_create_and_register_jobs(stack: InProcessStack, invoke: A
         assert reply["idempotency_key"] == f"example-{kind}-0001" and reply["derived_key"] is False
         assert len(reply["job_ids"]) == 1 and reply["new"] == reply["job_ids"]
     assert stack.sim.stats()["creates"] == 2  # one paid create per create sample, none for the register
-    assert ok(register) == {"status": "registered", "job_ids": [registered], "new": [registered], "replayed": False}
+    assert ok(register) == {"status": "registered", "job_ids": [registered], "new": [registered], "replayed": False,
+                            "key": "default"}
 
     records = {r["job_id"]: r for r in stack.records()}
     image_id, video_id = replies["image"]["job_ids"][0], replies["video"]["job_ids"][0]

@@ -77,12 +77,18 @@ def test_not_an_sqs_event_is_a_clear_error() -> None:
 
 def test_metrics_are_emitted_on_the_handlers_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[tuple[str, str]] = []
+    keyed: list[tuple[dict[str, dict[str, float]], str]] = []
     monkeypatch.setattr(batch_module.metrics, "add_metric",
                         lambda name, unit, value: seen.append((name, threading.current_thread().name)))
-    poller = ScriptedPoller({"job_1": Outcome("requeued", 1, signals=("UnknownStatus",))})
-    report = BatchRunner(poller, FakeQueue(), safety_margin_ms=0).run(  # type: ignore[arg-type]
+    monkeypatch.setattr(batch_module, "count_by_key",
+                        lambda counts: keyed.append((counts, threading.current_thread().name)))
+    poller = ScriptedPoller({"job_1": Outcome("requeued", 1, signals=("UnknownStatus", "BudgetExhausted"))})
+    report = BatchRunner(poller, FakeQueue(), safety_margin_ms=0, default_key="main").run(  # type: ignore[arg-type]
         {"Records": [record("job_1")]}, lambda: 30_000)
     emit_metrics(report)
     names = {n for n, _ in seen}
     assert {"Outcome_requeued", "UnknownStatus", "SumeStatusReads"} <= names
     assert {t for _, t in seen} == {threading.current_thread().name}
+    # The per-key view: a message without a key counts for the default key.
+    assert keyed == [({"main": {**dict.fromkeys(batch_module.KEY_METRICS, 0.0), "SumeReads": 1.0,
+                                "BudgetExhausted": 1.0}}, threading.current_thread().name)]

@@ -39,7 +39,7 @@ from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeSt
 from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, VERSION, MessageError, PollMessage, parse_message
 from sume_poller.schedule import profile_key
 from sume_poller.settings import SubmitSettings
-from sume_poller.submit import Submitter
+from sume_poller.submit import Submitter, one_key
 from sume_poller.sume import Created
 from sume_poller.webhook import WebhookReceiver, raw_body, signature
 from tools.template import load as load_template
@@ -312,8 +312,8 @@ def test_submit_events_are_accepted_by_the_submitter(name: str) -> None:
         FakeQueue(), FakeLease()
     settings = SubmitSettings.from_env(SUBMIT_ENV)
     settings = dataclasses.replace(settings, common=dataclasses.replace(settings.common, clock=FakeClock()))
-    submitter = Submitter(settings, sume=sume, store=store, queue=queue, lease=lease,  # type: ignore[arg-type]
-                          creates=FakeBudget(), pacer=FakePacer(), sleep=lambda _: None)  # type: ignore[arg-type]
+    submitter = Submitter(settings, keys=one_key(sume, FakeBudget(), FakePacer()),  # type: ignore[arg-type]
+                          store=store, queue=queue, lease=lease, sleep=lambda _: None)  # type: ignore[arg-type]
 
     reply = submitter.handle(event, lambda: 25_000)
 
@@ -362,6 +362,7 @@ V2_FIELDS: dict[str, tuple[str, Any]] = {
     "found_by": ("str | None", None),
     "normal_due": ("float | None", None),
     "paced_at": ("float | None", None),
+    "key": ("str | None", None),
     "v": ("int", 2),
 }
 #: JSON types of each field in a body (bool is never an int here).
@@ -370,7 +371,7 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "submitted_at": (int,), "profile": (str,), "reads": (int,), "result_reads": (int,), "errors": (int,),
     "seen_running_at": (int, float), "phase": (str,), "outcome": (dict,), "seen_terminal_at": (int, float),
     "result_waits": (int,), "slot_at": (int, float), "found_by": (str,), "normal_due": (int, float),
-    "paced_at": (int, float), "v": (int,),
+    "paced_at": (int, float), "key": (str,), "v": (int,),
 }
 #: What every v2 body carries (None-valued fields are left out).
 ALWAYS_WRITTEN = {"v", "job_id", "kind", "deadline_at", "due_at", "token", "seq", "reads", "result_reads", "errors",

@@ -11,7 +11,7 @@ from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeSt
 from sume_poller.budget import Grant
 from sume_poller.messages import parse_message
 from sume_poller.settings import SubmitSettings
-from sume_poller.submit import CreateBudgetExhausted, SubmitRetryable, Submitter, derive_idempotency_key
+from sume_poller.submit import CreateBudgetExhausted, SubmitRetryable, Submitter, derive_idempotency_key, one_key
 from sume_poller.sume import Created, Refused
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
@@ -26,8 +26,8 @@ class Parts:
         self.slept: list[float] = []
         settings = SubmitSettings.from_env(ENV)
         settings = replace(settings, common=replace(settings.common, clock=self.clock))
-        self.submitter = Submitter(settings, sume=self.sume, store=self.store, queue=self.queue,  # type: ignore[arg-type]
-                                   lease=self.lease, creates=self.creates, pacer=FakePacer(),  # type: ignore[arg-type]
+        self.submitter = Submitter(settings, keys=one_key(self.sume, self.creates, FakePacer()),  # type: ignore[arg-type]
+                                   store=self.store, queue=self.queue, lease=self.lease,  # type: ignore[arg-type]
                                    sleep=self.slept.append)
 
     def submit(self, event: dict[str, object], ms_left: int = 25_000) -> dict[str, object]:

@@ -253,7 +253,7 @@ class InProcessStack(Stack):
 
             setattr(runner, "run", tapped)  # noqa: B010 - an instance attribute over the method
             setattr(runner, "_stack_tap", True)  # noqa: B010
-        runner.poller.step_hook = self.step_hook
+        runner.step_hook = self.step_hook
         return runner
 
     def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:

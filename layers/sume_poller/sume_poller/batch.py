@@ -29,12 +29,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .messages import MessageError, parse_message
-from .observability import MetricUnit, logger, metrics
+from .observability import MetricUnit, count_by_key, logger, metrics
 from .poller import Poller
 from .queue import Outgoing, PollQueue
 from .step import Deadline, Outcome
 
 WORKERS = 10
+#: The metrics counted per Sume key (dimension ``key``): its reads, its 429s, its steps that
+#: waited for the budget or for a paused key, its refusals, its jobs failed for a removed key.
+KEY_METRICS = ("SumeReads", "SumeThrottled", "BudgetExhausted", "KeyPaused", "SumeAuthFailed", "KeyRemoved")
 
 
 @dataclass
@@ -50,10 +53,30 @@ class BatchReport:
     def counts(self) -> Counter[str]:
         return Counter(o.name for o in self.outcomes)
 
+    def by_key(self) -> dict[str, dict[str, float]]:
+        """Per Sume key: its reads and what its budget did to its steps (the per-key metrics)."""
+        keyed: dict[str, dict[str, float]] = {}
+        for o in self.outcomes:
+            if o.key is None:
+                continue
+            counts = keyed.setdefault(o.key, dict.fromkeys(KEY_METRICS, 0.0))
+            counts["SumeReads"] += o.reads
+            for signal in o.signals:
+                if signal in counts:
+                    counts[signal] += 1
+        return keyed
+
 
 class BatchRunner:
-    def __init__(self, poller: Poller, queue: PollQueue, *, safety_margin_ms: int, workers: int = WORKERS) -> None:
-        self.poller = poller
+    """``pollers``: the poll state machine of a message's Sume key (its budget, client, key check;
+    :class:`~sume_poller.keys.PerKey`), or one :class:`Poller` for every message."""
+
+    def __init__(self, pollers: Poller | Callable[[str | None], Poller], queue: PollQueue, *, safety_margin_ms: int,
+                 workers: int = WORKERS, default_key: str = "default") -> None:
+        self.pollers: Callable[[str | None], Poller] = pollers if callable(pollers) else (lambda key: pollers)
+        self.default_key = default_key
+        #: Test seam: called after each named step of every poller (see :attr:`Poller.step_hook`).
+        self.step_hook: Callable[[str, str], None] | None = None
         self.queue = queue
         self.safety_margin_ms = safety_margin_ms
         self.workers = workers
@@ -92,13 +115,16 @@ class BatchRunner:
         except MessageError as exc:
             logger.error("malformed poll message", extra={"message_id": record["messageId"], "reason": str(exc)})
             return Outcome("malformed", failed=True)
-        logger.thread_safe_append_keys(job_id=msg.job_id, correlation_id=msg.job_id)
+        logger.thread_safe_append_keys(job_id=msg.job_id, correlation_id=msg.job_id, key=msg.key or self.default_key)
+        key = msg.key or self.default_key
         try:
-            return self.poller.process(msg, deadline)
+            poller = self.pollers(msg.key)
+            poller.step_hook = self.step_hook
+            return replace(poller.process(msg, deadline), key=key)
         except Exception as exc:
             logger.exception("poll failed; SQS will deliver the message again",
                              extra={"message_id": record["messageId"], "error": type(exc).__name__})
-            return Outcome("error", failed=True)
+            return Outcome("error", failed=True, key=key)
         finally:
             logger.thread_safe_clear_keys()
 
@@ -109,8 +135,8 @@ class BatchRunner:
         for mid, message in outgoing.items():
             outcome = outcomes[mid]
             if mid not in unsent:
-                if self.poller.step_hook is not None:
-                    self.poller.step_hook("sent", message.key)
+                if self.step_hook is not None:
+                    self.step_hook("sent", message.key)
                 continue
             logger.error("next poll message not sent; SQS will deliver this one again",
                          extra={"message_id": mid, "job_id": message.key})
@@ -135,3 +161,4 @@ def emit_metrics(report: BatchReport) -> None:
     metrics.add_metric(name="LeaseContention", unit=MetricUnit.Count, value=report.counts()["contention"])
     if report.failures:
         metrics.add_metric(name="BatchItemFailures", unit=MetricUnit.Count, value=len(report.failures))
+    count_by_key(report.by_key())

@@ -1,7 +1,8 @@
 """Secrets, read at runtime through Powertools Parameters and cached per container.
 
-* :class:`Secret` - a string secret (SSM SecureString or Secrets Manager secret): the Sume API
-  key, the webhook signing secret. Cached for five minutes and re-read at once after
+* :class:`Secret` - a string secret (SSM SecureString or Secrets Manager secret): a Sume API
+  key, a webhook signing secret, the key configuration. Cached (five minutes unless the caller
+  says otherwise) and re-read at once after
   :meth:`Secret.invalidate` (Sume rejected the key: rotation picks up without a deploy).
 * :class:`RedisCredentials` - the ElastiCache RBAC user, a Secrets Manager secret holding
   ``{"username": ..., "password": ...}``; redis-py asks for it on every new connection.
@@ -37,9 +38,10 @@ def _provider(source: str) -> Any:
 class Secret:
     """Callable returning the secret; :meth:`invalidate` forces a fresh read (after a 401)."""
 
-    def __init__(self, name: str, source: str) -> None:
+    def __init__(self, name: str, source: str, max_age: float = MAX_AGE) -> None:
         self._name = name
         self._source = source
+        self._max_age = max_age
         self._provider: Any = None
         self._force = threading.Event()
         # Single flight: the records of a batch run on parallel threads, and on a cold container
@@ -53,7 +55,7 @@ class Secret:
             if self._provider is None:
                 self._provider = _provider(self._source)
             options = {} if self._source == "secretsmanager" else {"decrypt": True}
-            value = self._provider.get(self._name, max_age=MAX_AGE, force_fetch=force, **options)
+            value = self._provider.get(self._name, max_age=int(self._max_age), force_fetch=force, **options)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(f"the secret at {self._name} is empty")
         return value.strip()

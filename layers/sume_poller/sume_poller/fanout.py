@@ -7,17 +7,21 @@ Each scheduled tick:
    Sume read (and without a read slot). An outbox that stays unfinished (EventBridge failing)
    is sent again only after doubling waits - one period, two, four... up to an hour - kept per
    job in Redis (``!outbox:<job_id>``: sends so far and when the next is due);
-2. then the pending partitions, from the cursor the last tick left in Redis, so under a backlog
-   every partition is served in turn. Per page, one pipelined round trip tries to *start* a
+2. then, per Sume key (a :class:`Lane`: the key's own partitions of the pending index, its read
+   budget and its cursor), the pending partitions from the cursor the last tick left in Redis, so
+   under a backlog every partition is served in turn. Per page, one pipelined round trip tries to *start* a
    chain for each job (a free lease becomes the new chain's ``token:0``; a held lease means a
    chain is alive); started jobs get their first message, due now. A job whose chain runs
    without a lease (Redis was down: ``chain_due_at`` is ahead) is left to it;
-3. it starts no more chains than the read budget can serve before the next tick, and stops
-   cleanly before its own timeout.
+3. it starts no more chains of a key than that key's read budget can serve before the next tick
+   (a key whose budget binds never takes starts from another), and stops cleanly before its own
+   timeout; the keys take turns at going first, so a short invocation serves each in turn.
 
 While Redis is down it starts no chain (it cannot tell which jobs have one) but still sends
-the outbox jobs. Every tick counts the pending jobs for the budget (the max-gap backstop of
-the schedule's ordering and the sweeps' cost rule use it).
+the outbox jobs. Every tick counts each key's pending jobs for its budget (the max-gap backstop
+of the schedule's ordering and the sweeps' cost rule use it) and as the metric ``Pending`` per key.
+A key the configuration no longer holds keeps a lane while its jobs are pending (its budget is
+unlimited: no read is made for it - the poll function records each such job ``key_removed``).
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .budget import Budget
 from .clock import Clock
-from .jobs import KINDS, InvalidJobId, validate_job_id
+from .jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from .lease import LeaseStore, new_token
 from .messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
@@ -57,6 +61,9 @@ class FanOutReport:
     send_failed: int = 0
     allowance: float = 0.0
     pending_counted: int | None = None
+    #: Per Sume key: its pending jobs and the chains started for it this tick.
+    pending_by_key: dict[str, int] = field(default_factory=dict)
+    started_by_key: dict[str, int] = field(default_factory=dict)
     round_complete: bool = False
     stopped_early: bool = False
     redis_unavailable: bool = False
@@ -65,6 +72,21 @@ class FanOutReport:
     def as_dict(self) -> dict[str, Any]:
         unlimited = isinstance(self.allowance, float) and math.isinf(self.allowance)
         return {**asdict(self), "allowance": "unlimited" if unlimited else round(self.allowance, 1)}
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One Sume key's part of fan-out: its pending partitions, read budget and cursor."""
+
+    key: str  # the key's id (metrics, logs)
+    budget: Budget
+    #: Redis prefix of the key's own state (its cursor).
+    scope: str
+    #: Whether its partitions and messages name it (every key but the default).
+    named: bool = False
+
+    def shard(self, shard: str) -> str:
+        return keyed_shard(shard, self.key if self.named else None)
 
 
 @dataclass
@@ -78,46 +100,72 @@ class Cursor:
 
 
 class FanOut:
+    """``budget``: the default key's read budget; ``lanes``: every key's (default: the default key's alone)."""
+
     def __init__(self, settings: FanOutSettings, store: JobStore, queue: PollQueue, lease: LeaseStore,
-                 budget: Budget, remaining_ms: Callable[[], int], page_size: int = PAGE_SIZE) -> None:
+                 budget: Budget | None, remaining_ms: Callable[[], int], page_size: int = PAGE_SIZE, *,
+                 lanes: list[Lane] | None = None) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
         self.store = store
         self.queue = queue
         self.lease = lease
-        self.budget = budget
+        assert lanes or budget is not None, "a budget or lanes"
+        self.lanes = lanes or [Lane(settings.keys.default_id, budget, lease.prefix)]  # type: ignore[arg-type]
         self.remaining_ms = remaining_ms
         self.page_size = page_size
-        self.cursor_key = f"{lease.prefix}!fanout-cursor"
         self.report = FanOutReport()
+        self.lane = self.lanes[0]
         #: Chains started (leases taken) whose first message is not sent yet: sent in full
         #: SendMessageBatch calls across pages, the rest when the tick ends.
         self._ready: list[tuple[dict[str, Any], str]] = []
 
+    @property
+    def budget(self) -> Budget:
+        return self.lane.budget
+
     def run(self) -> FanOutReport:
         self._outbox()
+        turn = int(self.clock.now() // max(self.s.period, 1.0)) % len(self.lanes)
+        for lane in self.lanes[turn:] + self.lanes[:turn]:  # the keys take turns at going first
+            self.lane = lane
+            if not self._lane():
+                break
+        return self.report
+
+    def _lane(self) -> bool:
+        """One key's chains; False when Redis cannot be asked (no key's chains can start)."""
+        started = self.report.started
         self._count()
         try:
-            self.report.allowance = self._allowance()
+            allowance = self._allowance()
+            self.report.allowance += allowance
             cursor = self._load_cursor()
         except RedisFailure as exc:
             kind = failure(exc)
             self.report.redis_unavailable = kind == UNAVAILABLE
             self.report.redis_misconfigured = kind == MISCONFIGURED
             logger.error(f"{kind}: fan-out starts no chain this tick", extra=describe(exc))
-            return self.report
+            return False
         try:
-            self._pending(cursor)
+            self._pending(cursor, started + allowance)
         finally:
             self._flush()
-        return self.report
+        self.report.started_by_key[self.lane.key] = self.report.started - started
+        return True
+
+    @property
+    def cursor_key(self) -> str:
+        return f"{self.lane.scope}!fanout-cursor"
 
     def _count(self) -> None:
-        """Pending jobs, for the budget's max-gap backstop and the sweeps' cost rule (one COUNT
-        query per partition, whatever the start allowance)."""
-        self.report.pending_counted = sum(self.store.count(f"p{i:02d}") for i in range(self.s.jobs.pending_shards))
+        """The key's pending jobs, for its budget's max-gap backstop and the sweeps' cost rule (one
+        COUNT query per partition, whatever the start allowance)."""
+        count = sum(self.store.count(self.lane.shard(f"p{i:02d}")) for i in range(self.s.jobs.pending_shards))
+        self.report.pending_by_key[self.lane.key] = count
+        self.report.pending_counted = (self.report.pending_counted or 0) + count
         with contextlib.suppress(*RedisFailure):
-            self.budget.set_pending(self.report.pending_counted)
+            self.budget.set_pending(count)
 
     # -- budget and cursor -------------------------------------------------------------------------
     def _allowance(self) -> float:
@@ -196,15 +244,17 @@ class FanOut:
             pipe.execute()
         return due
 
-    def _pending(self, cursor: Cursor) -> None:
+    def _pending(self, cursor: Cursor, allowance: float) -> None:
+        """Start the lane's chains until ``allowance`` (counting every lane's starts so far)."""
         shards = self.s.jobs.pending_shards
-        starts = self.report.allowance if math.isinf(self.report.allowance) else math.floor(self.report.allowance)
+        starts = allowance if math.isinf(allowance) else math.floor(allowance)
         for _ in range(shards):
             while True:
                 if self._out_of_time() or self.report.started >= starts:
                     self._save_cursor(cursor)
                     return
-                items, last = self.store.pending_page(f"p{cursor.shard:02d}", cursor.key, self.page_size)
+                shard = self.lane.shard(f"p{cursor.shard:02d}")
+                items, last = self.store.pending_page(shard, cursor.key, self.page_size)
                 self.report.pages += 1
                 now = self.clock.now()
                 valid = self._valid(items)
@@ -216,7 +266,8 @@ class FanOut:
                 if len(jobs) > room:  # stop inside this page: the next tick resumes after the last one started
                     jobs = jobs[:int(room)]
                     self._start_and_send(jobs)
-                    cursor.key = {"pending_shard": {"S": f"p{cursor.shard:02d}"}, "job_id": {"S": jobs[-1]["job_id"]}}
+                    cursor.key = {"pending_shard": {"S": self.lane.shard(f"p{cursor.shard:02d}")},
+                                  "job_id": {"S": jobs[-1]["job_id"]}}
                     continue
                 self._start_and_send(jobs)
                 cursor.key = last
@@ -236,6 +287,7 @@ class FanOut:
             self.budget.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
+        jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key
         """Start a chain for each job whose lease is free (one pipelined round trip); its first
         message goes out with the next full batch. A held lease means the job has a live chain."""
         if not jobs:
@@ -265,7 +317,7 @@ class FanOut:
             msg = PollMessage(job_id=job["job_id"], kind=job["kind"], deadline_at=int(job["deadline_at"]),
                               due_at=round(now, 3), token=token, seq=0, profile=job.get("profile"),
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-                              phase=STATUS_PHASE if lease else OUTBOX_PHASE)
+                              phase=STATUS_PHASE if lease else OUTBOX_PHASE, key=job.get("key") if lease else None)
             messages[job["job_id"]] = (msg, token)
         unsent = self.queue.send(Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items())
         for job_id in unsent if lease else ():  # free the lease: the next tick tries again

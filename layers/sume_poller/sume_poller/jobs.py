@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import re
 from enum import StrEnum
+from typing import TypeGuard
 
 #: Sume job ids look like ``job_<hex>``. Anything outside this shape never reaches a Redis key,
 #: a URL path or a DynamoDB key: no separators, no dots (``..``), no spaces, no unicode.
@@ -42,6 +43,14 @@ def validate_job_id(value: object) -> str:
         shown = value if len(value) <= 40 else value[:40] + "..."
         raise InvalidJobId(f"job id {shown!r} is not 1-128 characters of A-Z a-z 0-9 _ -")
     return value
+
+
+#: A Sume key's id (:mod:`sume_poller.keys`): what records, messages, metrics and Redis names carry.
+KEY_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,31}$")
+
+
+def valid_key_id(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and KEY_ID_RE.fullmatch(value) is not None
 
 
 class State(StrEnum):
@@ -134,6 +143,12 @@ def shard_of(job_id: str, shards: int, prefix: str = PENDING_PREFIX) -> str:
     for ch in job_id.encode():
         h = (h * 31 + ch) & 0xFFFFFFFF
     return f"{prefix}{h % shards:02d}"
+
+
+def keyed_shard(shard: str, key: str | None) -> str:
+    """A pending partition of one Sume key's jobs: the default key's (``key`` None) are ``pNN``,
+    another key's ``pNN:<key>`` - fan-out reads each key's partitions within that key's budget."""
+    return shard if key is None else f"{shard}:{key}"
 
 
 def all_shards(shards: int) -> list[str]:

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .jobs import KINDS, InvalidJobId, validate_job_id
+from .jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
 
 VERSION = 2
 MAX_BODY_BYTES = 4096
@@ -72,6 +72,9 @@ class PollMessage:
     #: While Redis is down: the read slot this container's outage pacer reserved for this step
     #: (clock seconds). The step reads then without reserving again; once Redis answers it is void.
     paced_at: float | None = None
+    #: The Sume key the job belongs to (:mod:`sume_poller.keys`); None: the default key (messages
+    #: from before keys carry none).
+    key: str | None = None
     v: int = VERSION
 
     def to_json(self) -> str:
@@ -166,6 +169,9 @@ def parse_message(body: object) -> PollMessage:
     outcome = _outcome(data.get("outcome"))
     if (phase == RESULT_PHASE) != (outcome is not None):
         raise MessageError("the result phase needs an outcome, and only it")
+    key = data.get("key")
+    if key is not None and not valid_key_id(key):
+        raise MessageError("key must be 1-32 characters of A-Z a-z 0-9 _ - (starting with a letter or digit)")
     submitted = data.get("submitted_at")
     return PollMessage(
         job_id=job_id, kind=kind, deadline_at=_integer(data, "deadline_at", high=_MAX_TIME),
@@ -176,7 +182,7 @@ def parse_message(body: object) -> PollMessage:
         seen_running_at=_time(data, "seen_running_at"), phase=phase, outcome=outcome,
         seen_terminal_at=_time(data, "seen_terminal_at"), result_waits=_integer(data, "result_waits", 0),
         slot_at=_time(data, "slot_at"), found_by=_found_by(data.get("found_by")),
-        normal_due=_time(data, "normal_due"), paced_at=_time(data, "paced_at"))
+        normal_due=_time(data, "normal_due"), paced_at=_time(data, "paced_at"), key=key)
 
 
 def _found_by(value: Any) -> str | None:

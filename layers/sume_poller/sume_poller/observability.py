@@ -76,5 +76,33 @@ def traced(handler: F) -> F:
     return wrapped
 
 
-__all__ = ["MetricUnit", "apply_log_level", "configured_level", "logger", "metrics", "traced", "tracer",
-           "tracing_enabled"]
+def count_now(name: str, value: float = 1) -> None:
+    """A count printed at once in its own EMF line: safe from any thread (the shared ``metrics``
+    is flushed by the handler and is not thread-safe)."""
+    from aws_lambda_powertools.metrics import single_metric
+
+    service = os.environ.get("POWERTOOLS_SERVICE_NAME")
+    with single_metric(name=name, unit=MetricUnit.Count, value=value,
+                       default_dimensions={"service": service} if service else None):
+        pass
+
+
+def count_by_key(counts: Mapping[str, Mapping[str, float]]) -> None:
+    """Counts with a ``key`` dimension (the Sume key's id), one EMF line per key: the per-key view
+    of reads, 429s, budget waits and pending jobs. Powertools' shared ``metrics`` would put the
+    dimension on every metric of the invocation, so each key gets an ephemeral set of its own;
+    the alarms read them with Metrics Insights queries grouped by key (one alarm for all keys)."""
+    from aws_lambda_powertools.metrics import EphemeralMetrics
+
+    for key, named in counts.items():
+        if not any(named.values()):
+            continue
+        per_key = EphemeralMetrics()
+        per_key.add_dimension(name="key", value=key)
+        for name, value in named.items():
+            per_key.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        per_key.flush_metrics()
+
+
+__all__ = ["MetricUnit", "apply_log_level", "configured_level", "count_by_key", "count_now", "logger", "metrics",
+           "traced", "tracer", "tracing_enabled"]

@@ -20,6 +20,7 @@ For each message (step ``n`` of chain ``T``)::
       completed (result ready, or no gate)      -> GET /jobs/{id}/result at once
       401, or 403 that the key check blames on the key -> pause every read key-wide
       403 on this job only                      -> record failed
+      its key no longer configured              -> record failed (key_removed; wiring/poll.py's RemovedKey)
     result phase: GET /jobs/{id}/result         -> record it with the result (inline, or streamed to S3)
       not there (404/409/425)                   -> a job only a list or webhook called finished: its status
                                                    read; else wait (result-phase backoff) until the deadline
@@ -262,8 +263,11 @@ class Poller:
             self.gate.pause_key(KEY_PAUSE)
             return self._requeue(run, due=now + KEY_PAUSE + self.cadence.rng.uniform(0, 30), name="key_rejected",
                                  signal="SumeAuthFailed")
-        logger.error("Sume forbids this job (another workspace); recording it as failed" if reply.why == "forbidden"
-                     else "Sume refused this job; recording it as failed", extra=log)
+        if reply.why == "removed":
+            run.signal("KeyRemoved")
+        logger.error({"forbidden": "Sume forbids this job (another workspace); recording it as failed",
+                      "removed": "the job's key is no longer configured; recording it as failed"}.get(
+                          reply.why, "Sume refused this job; recording it as failed"), extra=log)
         return self._finish(run, "failed", {"code": reply.code or reply.why,
                                             "message": reply.message or f"Sume answered {reply.http_status}"})
 

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from .batch import BatchRunner
     from .fanout import FanOut
     from .submit import Submitter
-    from .sweep import Sweeper
+    from .sweep import Sweeps
     from .webhook import WebhookReceiver
 
 
@@ -34,7 +34,7 @@ def submitter() -> Submitter:
     return submit.submitter()
 
 
-def sweeper(remaining_ms: Callable[[], int]) -> Sweeper:
+def sweeper(remaining_ms: Callable[[], int]) -> Sweeps:
     from .wiring import sweep
 
     return sweep.sweeper(remaining_ms)

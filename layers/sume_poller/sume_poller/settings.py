@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Self, get_type_hints
 from urllib.parse import urlsplit
 
 from .clock import Clock
+from .jobs import valid_key_id
 
 #: SQS rejects DelaySeconds above this; longer waits are re-queued in hops.
 SQS_MAX_DELAY_SECONDS = 900
@@ -196,9 +197,25 @@ class SumeSettings(Group):
         parts = urlsplit(base)
         env.check(not base or parts.scheme == "https" or (parts.scheme == "http" and common.local_endpoints),
                   f"SUME_BASE_URL must be an https URL (http only with LOCAL_ENDPOINTS=true), not {base!r}")
-        return cls(base_url=base, api_key_name=env.text("SUME_API_KEY_NAME"),
+        return cls(base_url=base, api_key_name=env.text("SUME_API_KEY_NAME", ""),
                    api_key_source=env.choice("SUME_API_KEY_SOURCE", ("ssm", "secretsmanager"), "ssm"),
                    **declared(cls, env))
+
+
+@dataclass(frozen=True, slots=True)
+class KeySettings(Group):
+    """The Sume keys a deployment serves (:mod:`sume_poller.keys`): the default key's id (jobs and
+    events that name no key) and the key configuration's Secrets Manager secret, if any."""
+
+    default_id: str = "default"
+    config_secret: str | None = None
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        default_id = env.text("DEFAULT_KEY_ID", "default")
+        env.check(valid_key_id(default_id),
+                  f"DEFAULT_KEY_ID must be 1-32 letters, digits, '_' or '-', not {default_id[:40]!r}")
+        return cls(default_id=default_id, config_secret=env.text("SUME_KEYS_SECRET_NAME", "") or None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +331,7 @@ class FunctionSettings:
     redis: RedisSettings
     lease: LeaseSettings
     jobs: JobSettings
+    keys: KeySettings
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Self:
@@ -350,6 +368,10 @@ class SumeReaderSettings(FunctionSettings):
     #: Stop starting work when less than this much of the invocation is left (real ms).
     safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
 
+    def check(self, env: Env) -> None:
+        env.check(bool(self.sume.api_key_name or self.keys.config_secret),
+                  "SUME_API_KEY_NAME (the default key) or SUME_KEYS_SECRET_NAME (the key configuration) is required")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PollSettings(SumeReaderSettings):
@@ -362,6 +384,7 @@ class PollSettings(SumeReaderSettings):
     discovery: DiscoverySettings = DiscoverySettings()
 
     def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
         timeout = self.sume.connect_timeout_real + self.sume.read_timeout_real
         env.check(self.lease.claim_ttl > timeout,
                   f"CLAIM_TTL_SECONDS must outlast one Sume request ({timeout:g} s of connect + read timeout)")
@@ -390,6 +413,7 @@ class SubmitSettings(SumeReaderSettings):
                 "webhook_url": env.text("WEBHOOK_URL", "") or None}
 
     def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
         env.check(not self.webhook_kinds or self.webhook_url is not None, "WEBHOOK_KINDS needs WEBHOOK_URL")
 
 
@@ -408,7 +432,8 @@ class SweepFunctionSettings(SumeReaderSettings):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WebhookSettings(FunctionSettings):
     what: ClassVar[str] = "webhook function"
-    secret_name: str = setting("WEBHOOK_SECRET_NAME")
+    #: The default key's signing secret (other keys' are in the key configuration).
+    secret_name: str = setting("WEBHOOK_SECRET_NAME", "")
     secret_source: str = "secretsmanager"  # noqa: S105 (where the secret lives: "ssm" or "secretsmanager")
     #: A delivery whose timestamp is further than this from now is refused (clock seconds).
     tolerance: float = setting("WEBHOOK_TOLERANCE_SECONDS", 300.0, 1.0, 86_400.0)
@@ -416,3 +441,8 @@ class WebhookSettings(FunctionSettings):
     @classmethod
     def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
         return {"secret_source": env.choice("WEBHOOK_SECRET_SOURCE", ("ssm", "secretsmanager"), "secretsmanager")}
+
+    def check(self, env: Env) -> None:
+        env.check(bool(self.secret_name or self.keys.config_secret),
+                  "WEBHOOK_SECRET_NAME (the default key's) or SUME_KEYS_SECRET_NAME (the key configuration) "
+                  "is required")

@@ -88,6 +88,8 @@ class Outcome:
     undo: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     failed: bool = False
     signals: tuple[str, ...] = ()
+    #: The Sume key of the message's job (set by the batch adapter, for per-key metrics).
+    key: str | None = None
 
     @property
     def reads(self) -> int:

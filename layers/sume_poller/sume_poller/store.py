@@ -3,8 +3,10 @@
 The job record (key ``job_id``; numbers are clock seconds)::
 
     job_id, kind, profile, status ("pending" | completed | failed | canceled | expired | timed_out)
-    pending_shard   "pNN" while pending, "oNN" while terminal with its outbox not yet done;
-                    removed when the outbox is done: the sparse index "pending" lists exactly these
+    key             the Sume key the job belongs to (absent in records from before keys: the default)
+    pending_shard   "pNN" while pending ("pNN:<key>" for a key other than the default), "oNN" while
+                    terminal with its outbox not yet done; removed when the outbox is done: the
+                    sparse index "pending" lists exactly these
     submitted_at, updated_at, deadline_at, idempotency_key?, sume_request_id?
     chain_due_at    when the job's chain next reads (kept while Redis is down, and by submit)
     fence_token, fence_seq   the chain step that may read while Redis is down
@@ -27,7 +29,8 @@ bucket's lifecycle rule on the tag. So the object a record points at is always t
 attempt wrote (results with signed URLs differ from fetch to fetch).
 
 Per-profile observations live in items keyed ``#stats:<profile>``
-(job ids never start with ``#``), one slot per job, so writing one twice changes nothing.
+(job ids never start with ``#``), one slot per job, so writing one twice changes nothing; the
+item ``#keys`` names every Sume key other than the default that jobs were recorded for.
 
 Numbers come back from boto3's deserializer as ``Decimal``; :func:`plain` turns them into
 ``int`` or ``float`` at this boundary, so callers and the terminal event see plain JSON types.
@@ -47,7 +50,7 @@ from typing import Any, Protocol
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from .aws import AwsError, client, error_code
-from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, shard_of
+from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
 from .observability import logger
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
@@ -61,6 +64,8 @@ UPLOAD_PART_BYTES = 8 * 1024 * 1024
 #: Observation slots per profile item: the newest job in a slot wins (bounded, recent-weighted).
 STATS_SLOTS = 200
 STATS_PREFIX = "#stats:"
+#: The item naming every Sume key jobs were recorded for (job ids never start with "#").
+KEYS_ITEM = "#keys"
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -208,10 +213,13 @@ class JobStore:
     # -- writes -------------------------------------------------------------------------------
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int,
                     profile: str | None = None, chain_due_at: float | None = None,
-                    extra: dict[str, Any] | None = None) -> bool:
-        """Record a new pending job. False if the job id is already recorded (nothing changes)."""
-        item = {"job_id": job_id, "kind": kind, "profile": profile or kind, "status": PENDING,
-                "pending_shard": shard_of(job_id, self.shards), "deadline_at": deadline_at,
+                    extra: dict[str, Any] | None = None, key: str | None = None, own_partition: bool = False) -> bool:
+        """Record a new pending job of Sume key ``key``, in that key's own partitions of the pending
+        index when ``own_partition`` (every key but the default). False if the job id is already
+        recorded (nothing changes)."""
+        shard = keyed_shard(shard_of(job_id, self.shards), key if own_partition else None)
+        item = {"job_id": job_id, "kind": kind, "profile": profile or kind, "status": PENDING, "key": key,
+                "pending_shard": shard, "deadline_at": deadline_at,
                 "submitted_at": int(now), "updated_at": int(now), "chain_due_at": chain_due_at, **(extra or {})}
         return self._conditional(self._ddb.put_item, TableName=self.table, Item=to_attrs(item),
                                  ConditionExpression="attribute_not_exists(job_id)")
@@ -328,6 +336,16 @@ class JobStore:
         """The profile's recorded completion-time intervals: ``{"l", "u", "t"}`` each."""
         record = self.get(STATS_PREFIX + profile) or {}
         return [v for k, v in sorted(record.items()) if k.startswith("o") and isinstance(v, dict)]
+
+    def note_key(self, key_id: str) -> None:
+        """Remember that jobs of Sume key ``key_id`` were recorded (one string set, ``#keys``): fan-out
+        keeps reading a key's partitions while it has jobs there, even after the key is removed."""
+        self._ddb.update_item(TableName=self.table, Key=to_attrs({"job_id": KEYS_ITEM}),
+                              UpdateExpression="ADD ids :k", ExpressionAttributeValues={":k": {"SS": [key_id]}})
+
+    def known_keys(self) -> set[str]:
+        """Every key :meth:`note_key` remembered."""
+        return {str(k) for k in (self.get(KEYS_ITEM) or {}).get("ids", ())}
 
     def count(self, shard: str) -> int:
         """How many records one partition of the index holds (Select COUNT: no items read)."""

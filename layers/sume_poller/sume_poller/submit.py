@@ -12,8 +12,11 @@ poll message, so a fan-out tick during the first delay does not start a second c
 
 Event (direct invoke)::
 
-    {"kind": "image", "params": {...}, "idempotency_key": "optional-8-255-chars"}
-    {"kind": "video", "job_id": "job_abc"}        # register an already submitted job
+    {"kind": "image", "params": {...}, "idempotency_key": "optional-8-255-chars", "key": "acme"}
+    {"kind": "video", "job_id": "job_abc", "key": "acme"}   # register an already submitted job
+
+``key`` names the Sume key (:mod:`sume_poller.keys`) to create with and watch under (its create
+budget, its API key); absent: the deployment's default key. An unknown key is rejected.
 
 Reply: ``{"status": "submitted" | "registered" | "rejected", "job_ids": [...], "new": [...],
 "replayed": bool, ...}``. ``replayed`` is true when no new job was started: Sume answered with
@@ -31,10 +34,12 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .budget import Budget, Grant, LocalPacer
-from .jobs import KINDS, InvalidJobId, validate_job_id
+from .jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
+from .keys import Limits, SumeKey, UnknownKey
 from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
@@ -72,19 +77,46 @@ def _rejected(reason: str, **extra: Any) -> dict[str, Any]:
     return {"status": "rejected", "error": reason, "job_ids": [], **extra}
 
 
+@dataclass(frozen=True, slots=True)
+class SubmitKey:
+    """What a submission uses of its Sume key: the key, its client and its create budget (with the
+    outage pacer that stands in for it while Redis is down)."""
+
+    key: SumeKey
+    sume: SumeClient
+    creates: Budget
+    pacer: LocalPacer
+
+    @property
+    def message_key(self) -> str | None:
+        """What poll messages carry: None for the default key (as before keys)."""
+        return None if self.key.default else self.key.id
+
+
+def one_key(sume: SumeClient, creates: Budget, pacer: LocalPacer, key_id: str = "default") -> Callable[
+        [str | None], SubmitKey]:
+    """A deployment of one key (the default): every submission uses these parts."""
+    only = SubmitKey(SumeKey(key_id, Limits(), lambda: "", default=True), sume, creates, pacer)
+
+    def keys(wanted: str | None) -> SubmitKey:
+        if wanted not in (None, key_id):
+            raise UnknownKey(str(wanted))
+        return only
+
+    return keys
+
+
 class Submitter:
-    def __init__(self, settings: SubmitSettings, *, sume: SumeClient, store: JobStore, queue: PollQueue,
-                 lease: LeaseStore, creates: Budget, pacer: LocalPacer,
-                 models: Callable[[str, str], Any] | None = None,
+    def __init__(self, settings: SubmitSettings, *, keys: Callable[[str | None], SubmitKey], store: JobStore,
+                 queue: PollQueue, lease: LeaseStore, models: Callable[[str, str], Any] | None = None,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.s = settings
         self.clock = settings.common.clock
-        self.sume = sume
+        self.keys = keys
+        self._noted: set[str] = set()  # keys this container told the table about
         self.store = store
         self.queue = queue
         self.lease = lease
-        self.creates = creates
-        self.pacer = pacer
         self.models = models or (lambda profile, kind: None)
         self.bounds = Bounds(settings.schedule.min_interval, settings.schedule.max_interval,
                              settings.schedule.age_fraction)
@@ -96,13 +128,22 @@ class Submitter:
         kind = event.get("kind")
         if kind not in KINDS:
             return _rejected(f"kind must be one of {sorted(KINDS)}")
+        key_id = event.get("key")
+        if key_id is not None and not valid_key_id(key_id):
+            return _rejected("key must be 1-32 letters, digits, '_' or '-' (the id of a configured Sume key)")
+        try:
+            k = self.keys(key_id)
+        except UnknownKey as exc:
+            return _rejected(str(exc))
+        logger.append_keys(key=k.key.id)
         if "job_id" in event:
             try:
                 job_id = validate_job_id(event["job_id"])
             except InvalidJobId as exc:
                 return _rejected(str(exc))
-            new = self._record(job_id, kind, None, {})
-            return {"status": "registered", "job_ids": [job_id], "new": [job_id] if new else [], "replayed": not new}
+            new = self._record(k, job_id, kind, None, {})
+            return {"status": "registered", "job_ids": [job_id], "new": [job_id] if new else [], "replayed": not new,
+                    "key": k.key.id}
         params = event.get("params", {})
         if not isinstance(params, dict):
             return _rejected("params must be a JSON object")
@@ -118,21 +159,21 @@ class Submitter:
         logger.append_keys(idempotency_key=key)
         if kind in self.s.webhook_kinds and self.s.webhook_url:
             params = {**params, "webhook_url": self.s.webhook_url}
-        outcome = self._create(kind, params, key, remaining_ms)
+        outcome = self._create(k, kind, params, key, remaining_ms)
         if isinstance(outcome, Refused):
             return _rejected(outcome.code or outcome.why, http_status=outcome.http_status,
                              request_id=outcome.request_id, idempotency_key=key)
-        return self._submitted(kind, params, key, outcome, derived="idempotency_key" not in event)
+        return self._submitted(k, kind, params, key, outcome, derived="idempotency_key" not in event)
 
-    def _create(self, kind: str, params: dict[str, Any], key: str,
+    def _create(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str,
                 remaining_ms: Callable[[], int]) -> Created | Refused:
         """Create with the key, retrying transient faults with the same key while the invocation
         allows (``Retry-After`` honoured); raise :class:`SubmitRetryable` when it does not."""
         last: Retryable | None = None
         for attempt in range(CREATE_ATTEMPTS):
-            self._take_create_slot()
+            self._take_create_slot(k)
             budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
-            outcome = self.sume.create(kind, params, key, budget=budget)
+            outcome = k.sume.create(kind, params, key, budget=budget)
             if not isinstance(outcome, Retryable):
                 return outcome
             last = outcome
@@ -149,16 +190,16 @@ class Submitter:
         raise SubmitRetryable(f"Sume create did not complete ({last.reason}); retry the same event{when} "
                               f"to replay its Idempotency-Key")
 
-    def _take_create_slot(self) -> None:
+    def _take_create_slot(self, k: SubmitKey) -> None:
         try:
-            grant = self.creates.take(max_wait=0.0)
+            grant = k.creates.take(max_wait=0.0)
         except RedisFailure:
-            wait = self.pacer.take()
+            wait = k.pacer.take()
             grant = Grant(wait <= 0, wait)
         if not grant.now:
             raise CreateBudgetExhausted(max(grant.wait, 1.0))
 
-    def _submitted(self, kind: str, params: dict[str, Any], key: str, created: Created,
+    def _submitted(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str, created: Created,
                    derived: bool) -> dict[str, Any]:
         new: list[str] = []
         job_ids: list[str] = []
@@ -169,7 +210,7 @@ class Submitter:
                 logger.error("Sume returned a job id this project cannot store", extra={"reason": str(exc)})
                 continue
             job_ids.append(job_id)
-            if self._record(job_id, kind, profile_key(kind, params),
+            if self._record(k, job_id, kind, profile_key(kind, params),
                             {"idempotency_key": key, "sume_request_id": created.request_id}):
                 new.append(job_id)
         if not job_ids:  # paid for, but nothing this project can watch: say so, loudly
@@ -177,18 +218,22 @@ class Submitter:
             return _rejected("sume returned no storable job id", request_id=created.request_id, idempotency_key=key)
         replayed = created.replayed or not new
         logger.info("submitted", extra={"job_ids": job_ids, "request_id": created.request_id, "replayed": replayed})
-        return {"status": "submitted", "job_ids": job_ids, "new": new, "replayed": replayed,
+        return {"status": "submitted", "job_ids": job_ids, "new": new, "replayed": replayed, "key": k.key.id,
                 "idempotency_key": key, "derived_key": derived, "request_id": created.request_id}
 
-    def _record(self, job_id: str, kind: str, profile: str | None, extra: dict[str, Any]) -> bool:
+    def _record(self, k: SubmitKey, job_id: str, kind: str, profile: str | None, extra: dict[str, Any]) -> bool:
         """Record the job as pending and start its chain; False if it was already recorded."""
         now = self.clock.now()
         model = self.models(profile or kind, kind) if self.s.schedule.learned else None
         delay = next_delay(kind, 0, 0.0, None, model, self.bounds)
         if not self.store.put_pending(job_id, kind, now=now, deadline_at=int(now) + self.s.jobs.max_age,
-                                      profile=profile, chain_due_at=now + delay, extra=extra):
+                                      profile=profile, chain_due_at=now + delay, extra=extra, key=k.key.id,
+                                      own_partition=not k.key.default):
             logger.info("job already recorded; nothing changed", extra={"job_id": job_id})
             return False
+        if not k.key.default and k.key.id not in self._noted:  # fan-out reads the key's partitions
+            self.store.note_key(k.key.id)
+            self._noted.add(k.key.id)
         token = new_token()
         try:
             ttl = self.clock.to_real(delay) + self.s.lease.start_ttl
@@ -196,7 +241,8 @@ class Submitter:
         except RedisFailure as exc:  # the chain runs without the lease until Redis is back
             logger.warning("lease not taken (Redis); the first poll runs unleased", extra=describe(exc))
         first = PollMessage(job_id=job_id, kind=kind, deadline_at=int(now) + self.s.jobs.max_age,
-                            due_at=round(now + delay, 3), token=token, seq=0, submitted_at=int(now), profile=profile)
+                            due_at=round(now + delay, 3), token=token, seq=0, submitted_at=int(now), profile=profile,
+                            key=k.message_key)
         if self.queue.send([Outgoing(job_id, first.to_json(), delay)]):
             logger.warning("first poll not queued; fan-out starts the chain", extra={"job_id": job_id})
             with contextlib.suppress(*RedisFailure):

@@ -29,6 +29,9 @@ are not documented, so a sweep assumes nothing it has not checked:
   each window kept for them (:meth:`Budget.open_lane`, opened on every tick), so however far
   chains have reserved the budget ahead, a sweep reads now.
 
+Sweeps run per Sume key (the list route lists one workspace), each in its key's budget lane with
+its own state; a listed id whose record belongs to another key is ignored.
+
 A listed job that is pending here is handed over (:meth:`LeaseStore.hand_over`): its waiting
 chain step is fenced out and a message that reads now is queued in its place. A list never makes a
 job terminal by itself - only the job's own routes do: a completed job gets its result read (the
@@ -57,6 +60,7 @@ from .budget import Budget
 from .clock import Clock
 from .coverage import CoverageStore
 from .jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
+from .keys import SumeKey, record_key
 from .lease import LeaseStore, new_token
 from .messages import RESULT_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
@@ -85,8 +89,32 @@ class SweepReport:
     incomplete_reason: str | None = None
     coverage: dict[str, tuple[int, int]] = field(default_factory=dict)
 
+    #: Per Sume key (when several swept): each key's own report.
+    by_key: dict[str, dict[str, Any]] = field(default_factory=dict)
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def combined(cls, reports: dict[str, SweepReport]) -> SweepReport:
+        """One report of several keys' sweeps: their sums, each kept under ``by_key``."""
+        if len(reports) == 1:
+            return next(iter(reports.values()))
+        ran = [r for r in reports.values() if r.ran]
+        out = cls(ran=bool(ran), why_not=None if ran else "; ".join(f"{k}: {r.why_not}" for k, r in reports.items()),
+                  complete=bool(ran) and all(r.complete for r in ran),
+                  incomplete_reason=next((r.incomplete_reason for r in ran if r.incomplete_reason), None),
+                  by_key={k: r.as_dict() for k, r in reports.items()})
+        for r in reports.values():
+            out.reads += r.reads
+            out.listed += r.listed
+            out.ours += r.ours
+            out.handed_over += r.handed_over
+            out.left_to_chain += r.left_to_chain
+            for kind, (covered, missed) in r.coverage.items():
+                was = out.coverage.get(kind, (0, 0))
+                out.coverage[kind] = (was[0] + covered, was[1] + missed)
+        return out
 
 
 #: Why a sweep stopped when its lane of the shared budget had no read slot free at once.
@@ -107,11 +135,24 @@ class SweepSettings:
     max_age: float = 86_400.0  # JobMaxAgeSeconds: no pending job was submitted longer ago
 
 
+class Sweeps:
+    """Every key's sweep in one invocation, in turn (each stops before the invocation's end)."""
+
+    def __init__(self, sweepers: list[Sweeper]) -> None:
+        self.sweepers = sweepers
+
+    def run(self) -> SweepReport:
+        return SweepReport.combined({s.key.id if s.key else str(i): s.run() for i, s in enumerate(self.sweepers)})
+
+
 class Sweeper:
     def __init__(self, settings: SweepSettings, clock: Clock, *, sume: SumeClient, store: JobStore,
                  queue: PollQueue, lease: LeaseStore, budget: Budget, coverage: CoverageStore,
-                 remaining_ms: Callable[[], int], handover_ttl_real: float, margin_real: float = 0.0) -> None:
+                 remaining_ms: Callable[[], int], handover_ttl_real: float, margin_real: float = 0.0,
+                 key: SumeKey | None = None) -> None:
         self.s = settings
+        #: The Sume key whose workspace this sweep lists (None: the deployment has one key).
+        self.key = key
         self.clock = clock
         self.sume = sume
         self.store = store
@@ -127,6 +168,10 @@ class Sweeper:
         self._created_floor = -math.inf
         self._created_bound_used = False
         self._prepaid = 0  # list reads reserved at once when the sweep started
+
+    @property
+    def _default_id(self) -> str:
+        return self.key.id if self.key is not None and self.key.default else ""
 
     # -- whether to sweep ---------------------------------------------------------------------------
     def run(self) -> SweepReport:
@@ -302,6 +347,8 @@ class Sweeper:
         records = self.store.get_many(list(ids))
         outgoing: list[tuple[Outgoing, str]] = []
         for job_id, record in records.items():
+            if self.key is not None and record_key(record, self._default_id) != self.key.id:
+                continue  # another key's job: this workspace's list says nothing of it
             kind = str(record.get("kind"))
             listed.setdefault(kind, set()).add(job_id)
             self.report.ours += 1
@@ -333,7 +380,8 @@ class Sweeper:
         message = PollMessage(
             job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(due, 3),
             token=held.token, seq=held.seq, submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-            profile=record.get("profile"), found_by="sweep", slot_at=held.slot)
+            profile=record.get("profile"), found_by="sweep", slot_at=held.slot,
+            key=None if self.key is None or self.key.default else self.key.id)
         if canonical_terminal_status(sume_status) == "completed":  # its result read is the proof
             message = message.next(phase=RESULT_PHASE, seen_terminal_at=now,
                                    outcome={"status": "completed", "sume_status": sume_status, "source": "list"})

@@ -11,6 +11,10 @@ has none, the job goes back to a status read, once), and for ``*.failed`` record
 body carries without a read. Any other event type gets a status read. Deliveries can repeat and
 can be lost: polling stays the safety net, on the safety cadence, for the lost ones.
 
+With several Sume keys, each key's integration has its own signing secret: the delivery is
+checked against each (in constant time) and the one that verifies names the key; a job of another
+key is left alone (a workspace cannot hand over another's jobs).
+
 Answers: 202 accepted (a chain step was queued, or the job needs nothing), 200 a duplicate event
 id, 400 malformed, 401 a bad signature or a timestamp outside the tolerance (a replay), 413 a body
 larger than ``MAX_BODY``. Nothing here reads Sume. Event ids are remembered (in Redis) for twice
@@ -31,6 +35,7 @@ from typing import Any
 from .clock import Clock
 from .coverage import CoverageStore
 from .jobs import InvalidJobId, canonical_terminal_status, validate_job_id
+from .keys import record_key
 from .lease import LeaseStore, new_token
 from .messages import RESULT_PHASE, PollMessage
 from .observability import logger
@@ -62,11 +67,16 @@ def raw_body(event: Mapping[str, Any]) -> bytes:
 
 
 class WebhookReceiver:
-    def __init__(self, clock: Clock, *, secret: Callable[[], str], tolerance: float, store: JobStore,
-                 lease: LeaseStore, queue: PollQueue, handover_ttl_real: float, margin_real: float = 0.0,
-                 coverage: CoverageStore | None = None) -> None:
+    """``secrets``: each Sume key's signing secret by key id (``secret``: the one key's, for a
+    deployment of one key); ``coverage``: the coverage state of a key (or the one key's)."""
+
+    def __init__(self, clock: Clock, *, tolerance: float, store: JobStore, lease: LeaseStore, queue: PollQueue,
+                 handover_ttl_real: float, margin_real: float = 0.0, secret: Callable[[], str] | None = None,
+                 secrets: Callable[[], dict[str, str]] | None = None, default_key: str = "default",
+                 coverage: CoverageStore | Callable[[str], CoverageStore] | None = None) -> None:
         self.clock = clock
-        self.secret = secret
+        self.secrets = secrets or (lambda: {default_key: secret()} if secret else {})
+        self.default_key = default_key
         self.tolerance = tolerance
         self.store = store
         self.lease = lease
@@ -89,7 +99,8 @@ class WebhookReceiver:
             return Answer(400, {"error": "X-Sume-Timestamp must be unix seconds"})
         if abs(self.clock.now() - sent_at) > self.tolerance:
             return Answer(401, {"error": "timestamp outside the tolerance"})
-        if not hmac.compare_digest(signature(self.secret(), stamp, raw), signed.strip()):
+        key = self._signer(stamp, raw, signed.strip())
+        if key is None:
             return Answer(401, {"error": "bad signature"})
         try:
             payload = json.loads(raw)
@@ -97,14 +108,23 @@ class WebhookReceiver:
         except (ValueError, AttributeError, InvalidJobId) as exc:
             return Answer(400, {"error": f"malformed event: {str(exc)[:100]}"})
         if self.coverage is not None:  # deliveries arrive: chains of webhook kinds may stretch
+            coverage = self.coverage if isinstance(self.coverage, CoverageStore) else self.coverage(key)
             with contextlib.suppress(*RedisFailure):
-                self.coverage.webhook_arrived(self.clock.now())
+                coverage.webhook_arrived(self.clock.now())
         if self._seen(event_id):
             return Answer(200, {"duplicate": True})
-        queued = self._hand_over(job_id, str(payload.get("type") or ""), payload.get("data") or {})
+        queued = self._hand_over(job_id, str(payload.get("type") or ""), payload.get("data") or {}, key)
         self._remember(event_id)
         logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
         return Answer(202, {"job_id": job_id, "queued": queued})
+
+    def _signer(self, stamp: str, raw: bytes, signed: str) -> str | None:
+        """The key whose secret signed the delivery (every key is checked: no early exit)."""
+        found = None
+        for key, secret in self.secrets().items():
+            if hmac.compare_digest(signature(secret, stamp, raw), signed) and found is None:
+                found = key
+        return found
 
     def _seen(self, event_id: str) -> bool:
         return bool(self.lease.client.exists(self.seen_prefix + event_id))
@@ -116,11 +136,15 @@ class WebhookReceiver:
         except RedisFailure as exc:
             logger.warning("webhook event id not remembered", extra=describe(exc))
 
-    def _hand_over(self, job_id: str, event_type: str, data: dict[str, Any]) -> bool:
+    def _hand_over(self, job_id: str, event_type: str, data: dict[str, Any], key: str) -> bool:
         """Hand the job's waiting chain over to a step due now that acts on what Sume said."""
         record = self.store.get(job_id)
         if record is None or record.get("status") != "pending":
             return False  # not ours, or already finished: nothing to do (no read, no second event)
+        if record_key(record, self.default_key) != key:
+            logger.warning("a delivery signed by one key for a job of another; left alone",
+                           extra={"job_id": job_id, "signed_by": key, "job_key": record_key(record, self.default_key)})
+            return False
         now = self.clock.now()
         held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms, now=now, scale=self.clock.scale,
                                     margin_ms=self.margin_ms)
@@ -133,7 +157,8 @@ class WebhookReceiver:
         message = PollMessage(job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]),
                               due_at=round(due, 3), token=held.token, seq=held.seq, slot_at=held.slot,
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-                              profile=record.get("profile"), found_by="webhook")
+                              profile=record.get("profile"), found_by="webhook",
+                              key=None if key == self.default_key else key)
         outcome = said(event_type, data)
         if outcome is not None:
             message = message.next(phase=RESULT_PHASE, outcome=outcome, seen_terminal_at=now)

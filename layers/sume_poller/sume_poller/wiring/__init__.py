@@ -6,8 +6,9 @@ the schedule model.
 What they share is here: the Redis client (one per container), the cold-start check of it
 (:class:`~sume_poller.redisconn.ColdStartCheck`: a misconfigured Redis fails the invocation
 loudly, counted as ``RedisMisconfigured``; an unreachable one is an outage the parts ride out),
-the shared read budget and the Sume client. :func:`reset` forgets every part of every loaded
-function module (local runs and tests change the environment between cases).
+the Sume keys (:func:`key_ring`: the default key from the function's settings, the others from
+the key configuration), each key's budgets and Sume client. :func:`reset` forgets every part of
+every loaded function module (local runs and tests change the environment between cases).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import Any, TypeVar
 
 from ..budget import Budget, LocalPacer
 from ..gate import ReadGate
+from ..keys import MAX_AGE, KeyRing, Limits, SumeKey
 from ..lease import LeaseStore
 from ..observability import MetricUnit, metrics
 from ..redisconn import ColdStartCheck, RedisMisconfigured, connect
-from ..settings import BudgetSettings, Common, RedisSettings, SumeSettings
+from ..settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,10 +43,54 @@ def redis_client(settings: RedisSettings) -> Any:
     return connect(settings)
 
 
-def reads_budget(client: Any, prefix: str, budget: BudgetSettings, common: Common) -> Budget:
-    clock = common.clock
-    return Budget(client, f"{prefix}!budget:{{reads}}", budget.reads_per_minute, budget.reads_per_day, clock.now,
-                  early=clock.from_real(0.5), real_per_clock=clock.scale, reserve_every=budget.reserve_every)
+def limits(budget: BudgetSettings) -> Limits:
+    """The deployment's budget parameters: the default key's limits, and every key's defaults."""
+    return Limits(budget.reads_per_minute, budget.reads_per_day, budget.creates_per_minute, budget.creates_per_day)
+
+
+@once
+def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | None = None,
+             webhook_secret: tuple[str, str] | None = None, *, default: bool = True) -> KeyRing:
+    """The Sume keys this container serves: the default key (when ``default``) with what the
+    function holds of it (its API key and/or webhook secret, each ``(name, "ssm" |
+    "secretsmanager")``), the others from the key configuration (see :mod:`sume_poller.keys`)."""
+    from ..credentials import Secret
+
+    if default:
+        own: SumeKey | None = SumeKey(keys.default_id, defaults, Secret(*api_key) if api_key else _no_api_key,
+                                      Secret(*webhook_secret) if webhook_secret else None, default=True)
+    else:
+        own = None
+    if not keys.config_secret:
+        return KeyRing(keys.default_id, own, defaults=defaults)
+    config = Secret(keys.config_secret, "secretsmanager", max_age=MAX_AGE)
+
+    def read_config(force: bool) -> str:
+        if force:
+            config.invalidate()
+        return config()
+
+    return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults)
+
+
+def _no_api_key() -> str:
+    raise LookupError("this function holds no Sume API key")
+
+
+def budget_of(client: Any, prefix: str, key: SumeKey, what: str, common: Common, reserve_every: float = 0.0) -> Budget:
+    """A key's ``what`` budget ("reads" or "creates") under its own Redis key."""
+    clock, lim = common.clock, key.limits
+    per_minute, per_day = ((lim.reads_per_minute, lim.reads_per_day) if what == "reads"
+                           else (lim.creates_per_minute, lim.creates_per_day))
+    return Budget(client, key.budget_name(prefix, what), per_minute, per_day, clock.now, early=clock.from_real(0.5),
+                  real_per_clock=clock.scale, reserve_every=reserve_every)
+
+
+def reads_budget(client: Any, prefix: str, budget: BudgetSettings, common: Common,
+                 key: SumeKey | None = None) -> Budget:
+    """A key's read budget (the default key's, with the deployment's limits, when ``key`` is None)."""
+    key = key or SumeKey("default", limits(budget), _no_api_key, default=True)
+    return budget_of(client, prefix, key, "reads", common, budget.reserve_every)
 
 
 def read_gate(lease: LeaseStore, budget: Budget, settings: RedisSettings, budgets: BudgetSettings,
@@ -55,12 +101,29 @@ def read_gate(lease: LeaseStore, budget: Budget, settings: RedisSettings, budget
 
 
 def sume_client(settings: SumeSettings, **options: Any) -> Any:
+    """A client of the deployment's one key (``SUME_API_KEY_NAME``)."""
     from ..credentials import Secret
     from ..sume import SumeClient
 
     key = Secret(settings.api_key_name, settings.api_key_source)
     return SumeClient(settings.base_url, key, connect_timeout=settings.connect_timeout_real,
                       read_timeout=settings.read_timeout_real, on_key_rejected=key.invalidate, **options)
+
+
+def key_client(settings: SumeSettings, ring: KeyRing, key_id: str, **options: Any) -> Any:
+    """A client of one key: every request asks the ring for the key's current value (a rotated
+    key is picked up within the ring's cache, at once after a 401)."""
+    from ..sume import SumeClient
+
+    return SumeClient(settings.base_url, lambda: ring.get(key_id).api_key(),
+                      connect_timeout=settings.connect_timeout_real, read_timeout=settings.read_timeout_real,
+                      on_key_rejected=ring.invalidate, **options)
+
+
+def reader_ring(sume: SumeSettings, keys: KeySettings, budget: BudgetSettings) -> KeyRing:
+    """The key ring of a function that calls Sume (its default key: ``SUME_API_KEY_NAME``)."""
+    api_key = (sume.api_key_name, sume.api_key_source) if sume.api_key_name else None
+    return key_ring(keys, limits(budget), api_key, default=api_key is not None)
 
 
 def redis_check(gate: ReadGate, settings: RedisSettings) -> ColdStartCheck:

@@ -1,34 +1,41 @@
-"""The submit function's parts: the paid create with its Idempotency-Key, the job's first step."""
+"""The submit function's parts: the paid create with its Idempotency-Key, the job's first step;
+per Sume key, its client and create budget."""
 
 from __future__ import annotations
 
 import os
 
-from ..budget import Budget, LocalPacer
+from ..budget import LocalPacer
+from ..keys import PerKey, SumeKey
 from ..lease import LeaseStore
 from ..models import ModelCache
 from ..queue import PollQueue
 from ..redisconn import ColdStartCheck
 from ..settings import SubmitSettings
 from ..store import JobStore
-from ..submit import Submitter
-from . import checked, once, read_gate, redis_check, redis_client, sume_client
+from ..submit import SubmitKey, Submitter
+from . import budget_of, checked, key_client, once, read_gate, reader_ring, redis_check, redis_client
 
 
 @once
 def parts() -> tuple[Submitter, ColdStartCheck]:
     s = SubmitSettings.from_env(os.environ)
-    client = redis_client(s.redis)
-    clock = s.common.clock
-    creates = Budget(client, f"{s.redis.key_prefix}!budget:{{creates}}", s.budget.creates_per_minute,
-                     s.budget.creates_per_day, clock.now, early=clock.from_real(0.5), real_per_clock=clock.scale,
-                     reserve_every=0.0)
-    lease = LeaseStore(client, s.redis.key_prefix)
+    client, prefix, clock = redis_client(s.redis), s.redis.key_prefix, s.common.clock
+    ring = reader_ring(s.sume, s.keys, s.budget)
+    lease = LeaseStore(client, prefix)
     store = JobStore(s.common.jobs_table, s.jobs.pending_shards)
-    pacer = LocalPacer(s.budget.creates_per_minute, s.budget.creates_per_day, s.budget.max_concurrency, clock.now)
-    submitter = Submitter(s, sume=sume_client(s.sume), store=store, queue=PollQueue(s.poll_queue_url, clock),
-                          lease=lease, creates=creates, pacer=pacer, models=ModelCache(store, clock.now))
-    return submitter, redis_check(read_gate(lease, creates, s.redis, s.budget, s.common), s.redis)
+
+    def of_key(key: SumeKey) -> SubmitKey:
+        creates = budget_of(client, prefix, key, "creates", s.common)
+        pacer = LocalPacer(key.limits.creates_per_minute, key.limits.creates_per_day, s.budget.max_concurrency,
+                           clock.now)
+        return SubmitKey(key, key_client(s.sume, ring, key.id), creates, pacer)
+
+    keys = PerKey(ring, of_key)
+    submitter = Submitter(s, keys=keys, store=store, queue=PollQueue(s.poll_queue_url, clock), lease=lease,
+                          models=ModelCache(store, clock.now))
+    first = keys(ring.first().id)  # the cold-start check runs a key's own scripts
+    return submitter, redis_check(read_gate(lease, first.creates, s.redis, s.budget, s.common), s.redis)
 
 
 def submitter() -> Submitter:

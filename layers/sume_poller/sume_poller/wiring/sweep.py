@@ -1,4 +1,5 @@
-"""The sweep function's parts: list sweeps in the read budget's lane, hand-overs, coverage."""
+"""The sweep function's parts: per Sume key (the list route lists one workspace), list sweeps in
+that key's read-budget lane, hand-overs, and what they prove (its own coverage state)."""
 
 from __future__ import annotations
 
@@ -7,32 +8,39 @@ from collections.abc import Callable
 from typing import Any
 
 from ..coverage import CoverageStore
+from ..keys import KeyRing, PerKey, SumeKey
 from ..lease import LeaseStore
 from ..queue import PollQueue
 from ..redisconn import ColdStartCheck
 from ..settings import SweepFunctionSettings
 from ..store import JobStore
-from ..sweep import Sweeper, SweepSettings
-from . import checked, once, read_gate, reads_budget, redis_check, redis_client, sume_client
+from ..sweep import Sweeper, Sweeps, SweepSettings
+from . import checked, key_client, once, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
 
 @once
-def parts() -> tuple[SweepFunctionSettings, dict[str, Any], ColdStartCheck]:
+def parts() -> tuple[SweepFunctionSettings, KeyRing, PerKey[dict[str, Any]], ColdStartCheck]:
     s = SweepFunctionSettings.from_env(os.environ)
-    client = redis_client(s.redis)
-    lease = LeaseStore(client, s.redis.key_prefix)
-    budget = reads_budget(client, s.redis.key_prefix, s.budget, s.common)
-    check = redis_check(read_gate(lease, budget, s.redis, s.budget, s.common), s.redis)
-    return s, {"sume": sume_client(s.sume), "store": JobStore(s.common.jobs_table, s.jobs.pending_shards),
-               "queue": PollQueue(s.poll_queue_url, s.common.clock), "lease": lease, "budget": budget,
-               "coverage": CoverageStore(client, s.redis.key_prefix)}, check
+    client, prefix = redis_client(s.redis), s.redis.key_prefix
+    ring = reader_ring(s.sume, s.keys, s.budget)
+    lease = LeaseStore(client, prefix)
+    store, queue = JobStore(s.common.jobs_table, s.jobs.pending_shards), PollQueue(s.poll_queue_url, s.common.clock)
+
+    def of_key(key: SumeKey) -> dict[str, Any]:
+        return {"sume": key_client(s.sume, ring, key.id), "store": store, "queue": queue, "lease": lease,
+                "budget": reads_budget(client, prefix, s.budget, s.common, key),
+                "coverage": CoverageStore(client, key.scope(prefix)), "key": key}
+
+    keys = PerKey(ring, of_key)
+    first = keys(ring.first().id)["budget"]
+    return s, ring, keys, redis_check(read_gate(lease, first, s.redis, s.budget, s.common), s.redis)
 
 
-def sweeper(remaining_ms: Callable[[], int]) -> Sweeper:
-    """A sweep for one invocation (its parts are built once per container)."""
-    s, sweep_parts, check = parts()
+def sweeper(remaining_ms: Callable[[], int]) -> Sweeps:
+    """Every key's sweep for this invocation (each key's parts are built once per container)."""
+    s, ring, keys, check = parts()
     checked(check)
-    return Sweeper(SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100,
-                                 max_age=float(s.jobs.max_age)),
-                   s.common.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
-                   margin_real=s.lease.margin, **sweep_parts)
+    settings = SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100,
+                             max_age=float(s.jobs.max_age))
+    return Sweeps([Sweeper(settings, s.common.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
+                           margin_real=s.lease.margin, **keys(key.id)) for key in ring.all()])
