@@ -25,30 +25,35 @@ CLIENT_CONFIG = Config(
     max_pool_connections=16,
 )
 
-#: What a client is built from: a change of any of these (local runs point one process at
-#: another endpoint or key) makes :func:`client` start over with a new Session.
+#: What a client is built from: a change of any of these, or of a service's own endpoint
+#: (``AWS_ENDPOINT_URL_<SERVICE>``; local runs point one process at another endpoint or key), makes
+#: :func:`client` start over with a new Session.
 ENVIRONMENT = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                "AWS_SESSION_TOKEN", "AWS_PROFILE")
 
 _session: boto3.session.Session | None = None
 _clients: dict[str, Any] = {}
-_built_from: tuple[str | None, ...] | None = None
+_built_from: tuple[Any, ...] | None = None
 _lock = threading.Lock()
 
 
-def client(service: str) -> Any:
+def client(service: str, config: Config | None = None) -> Any:
     """The container's client of ``service``: one Session and one client per service, shared by
     every part (clients are thread-safe; each new one parses botocore's model of its service,
-    tens of milliseconds of cold start)."""
+    tens of milliseconds of cold start). ``config`` (a module-level constant: clients are kept per
+    service and config) is merged over :data:`CLIENT_CONFIG`, for the calls its limits do not fit."""
     global _session, _built_from
-    environment = tuple(os.environ.get(name) for name in ENVIRONMENT)
+    environment = (*(os.environ.get(name) for name in ENVIRONMENT),
+                   *sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_ENDPOINT_URL_")))
+    key = service if config is None else f"{service}#{id(config)}"
     with _lock:
         if _session is None or environment != _built_from:
             _session, _built_from = boto3.session.Session(), environment
             _clients.clear()
-        if service not in _clients:
-            _clients[service] = _session.client(service, config=CLIENT_CONFIG)  # type: ignore[call-overload]
-        return _clients[service]
+        if key not in _clients:
+            merged = CLIENT_CONFIG if config is None else CLIENT_CONFIG.merge(config)
+            _clients[key] = _session.client(service, config=merged)  # type: ignore[call-overload]
+        return _clients[key]
 
 
 def reset_session() -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch import BatchRunner
     from .fanout import FanOut
+    from .jobsapi import JobsApi
     from .submit import Submitter
     from .sweep import Sweeps
     from .webhook import WebhookReceiver
@@ -44,6 +45,12 @@ def webhook_receiver() -> WebhookReceiver:
     from .wiring import webhook
 
     return webhook.receiver()
+
+
+def jobs_api() -> JobsApi:
+    from .wiring import jobs
+
+    return jobs.api()
 
 
 def redis_client(settings: Any) -> Any:
