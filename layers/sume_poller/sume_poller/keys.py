@@ -20,7 +20,8 @@ Where keys come from:
                 "globex": {"api_key_from": "ssm:/sume/globex"}}}
 
   An entry's limits default to Sume's documented ones (the deployment's budget settings); its API
-  key is inline or lives elsewhere (``api_key_from``: ``ssm:<name>`` or ``secretsmanager:<name>``);
+  key is inline or lives elsewhere under the configuration's name (``api_key_from``:
+  ``ssm:/<config name>/...`` or ``secretsmanager:<config name>/...``: the IAM grants are built from it);
   ``webhook_secret`` is optional. An entry with the default key's id replaces the default key.
 
 The configuration is re-read on a short cache (:data:`MAX_AGE`), at once after Sume answers 401,
@@ -127,8 +128,10 @@ class KeyRing:
     def __init__(self, default_id: str, default: SumeKey | None = None, *,
                  read_config: Callable[[bool], str | None] | None = None,
                  secret: Callable[[str, str], Any] | None = None, defaults: Limits = Limits(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 config_name: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.default_id = default_id
+        #: Keys that live elsewhere live under the configuration's name (the IAM grants are built from it).
+        self._ref_prefix = f"{config_name}/" if config_name else None
         self._default = default
         self._read_config = read_config
         self._secret = secret
@@ -248,6 +251,9 @@ class KeyRing:
         source, _, name = str(where).partition(":")
         if source not in ("ssm", "secretsmanager") or not name or self._secret is None:
             raise ValueError(f"key {key_id}: api_key_from must be 'ssm:<name>' or 'secretsmanager:<name>'")
+        if self._ref_prefix and not name.lstrip("/").startswith(self._ref_prefix):
+            raise ValueError(f"key {key_id}: api_key_from must name a secret or parameter under "
+                             f"{self._ref_prefix} (the functions may read only there)")
         if (source, name) not in self._secrets:
             self._secrets[(source, name)] = self._secret(name, source)
         secret: Callable[[], str] = self._secrets[(source, name)]

@@ -76,13 +76,18 @@ def traced(handler: F) -> F:
     return wrapped
 
 
+def _namespace() -> str:
+    """The template's namespace (``POWERTOOLS_METRICS_NAMESPACE``; the same name where unset)."""
+    return os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "SumePoller"
+
+
 def count_now(name: str, value: float = 1) -> None:
     """A count printed at once in its own EMF line: safe from any thread (the shared ``metrics``
     is flushed by the handler and is not thread-safe)."""
     from aws_lambda_powertools.metrics import single_metric
 
     service = os.environ.get("POWERTOOLS_SERVICE_NAME")
-    with single_metric(name=name, unit=MetricUnit.Count, value=value,
+    with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=_namespace(),
                        default_dimensions={"service": service} if service else None):
         pass
 
@@ -97,7 +102,7 @@ def count_by_key(counts: Mapping[str, Mapping[str, float]]) -> None:
     for key, named in counts.items():
         if not any(named.values()):
             continue
-        per_key = EphemeralMetrics()
+        per_key = EphemeralMetrics(namespace=_namespace())
         per_key.add_dimension(name="key", value=key)
         for name, value in named.items():
             per_key.add_metric(name=name, unit=MetricUnit.Count, value=value)

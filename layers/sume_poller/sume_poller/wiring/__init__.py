@@ -70,7 +70,8 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
             config.invalidate()
         return config()
 
-    return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults)
+    return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults,
+                   config_name=keys.config_secret)
 
 
 def _no_api_key() -> str:
