@@ -31,7 +31,8 @@ def test_every_parameter_is_bounded_documented_and_in_the_readme(name: str) -> N
 
 def test_every_function_builds_without_docker_for_python313_arm64() -> None:
     functions = {lid: r for lid, r in RESOURCES.items() if r["Type"] == "AWS::Serverless::Function"}
-    assert set(functions) == {"SubmitFunction", "PollFunction", "FanOutFunction", "SweepFunction", "WebhookFunction"}
+    assert set(functions) == {"SubmitFunction", "PollFunction", "FanOutFunction", "SweepFunction", "WebhookFunction",
+                              "JobsFunction"}
     assert TEMPLATE["Globals"]["Function"]["Runtime"] == "python3.13"
     for lid, resource in {**functions, "SharedLayer": RESOURCES["SharedLayer"]}.items():
         assert resource["Metadata"]["BuildMethod"] == "makefile", lid

@@ -48,7 +48,10 @@ EXPRESSIONS: dict[str, Any] = {
     "ResultsArn": {"Fn::Sub": "${ResultBucket.Arn}/results/*"},
     "FailedInvocationsQueueArn": {"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]},
     **{f"{group}Arn": {"Fn::GetAtt": [group, "Arn"]}
-       for group in ("SubmitLogGroup", "PollLogGroup", "FanOutLogGroup", "SweepLogGroup", "WebhookLogGroup")},
+       for group in ("SubmitLogGroup", "PollLogGroup", "FanOutLogGroup", "SweepLogGroup", "WebhookLogGroup",
+                     "JobsLogGroup")},
+    **{f"{function}Arn": {"Fn::GetAtt": [function, "Arn"]} for function in ("SubmitFunction", "JobsFunction")},
+    "JobsTableArn": {"Fn::GetAtt": ["JobsTable", "Arn"]},
 }
 
 
@@ -377,6 +380,46 @@ def test_the_public_webhook_url_cannot_take_the_accounts_concurrency() -> None:
     assert spec["Type"] == "Number" and 1 <= spec["MinValue"] <= spec["Default"] <= spec["MaxValue"] <= 100
     assert TRANSLATED["WebhookFunctionUrl"]["Properties"]["AuthType"] == "NONE"
     assert resolver(WebhookReservedConcurrency="7").properties["WebhookFunction"]["ReservedConcurrentExecutions"] == 7
+
+
+def test_the_jobs_url_is_iam_authorised_and_its_role_reads_and_forwards_only() -> None:
+    """GetJob and POST /jobs: AWS_IAM on the URL (SAM adds no public permission), and a role that
+    may read one item, fetch result objects (what its pre-signed URLs grant), invoke the submit
+    function and nothing else - no Sume key, no queue but Lambda's dead letters, no Redis secret."""
+    assert TRANSLATED["JobsFunctionUrl"]["Properties"]["AuthType"] == "AWS_IAM"
+    assert not [lid for lid, r in TRANSLATED.items() if r["Type"] == "AWS::Lambda::Permission"
+                and json.dumps(r["Properties"]["FunctionName"]).count("JobsFunction")]
+    for overrides in ({}, {"KmsKeyArn": KEY, "RedisSecretName": "redis-user", "SumeApiKeySource": "secretsmanager"}):
+        r = resolver(**overrides)
+        statements = role_statements(r, "JobsFunction")
+        allowed = {(action, resource) for s in statements
+                   for action in (s["Action"] if isinstance(s["Action"], list) else [s["Action"]])
+                   for resource in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])}
+        logs = r.outputs["JobsLogGroupArn"]
+        expected = {("logs:CreateLogStream", logs), ("logs:PutLogEvents", logs),
+                    ("sqs:SendMessage", r.outputs["FailedInvocationsQueueArn"]),
+                    ("dynamodb:GetItem", r.outputs["JobsTableArn"]), ("s3:GetObject", r.outputs["ResultsArn"]),
+                    ("lambda:InvokeFunction", r.outputs["SubmitFunctionArn"])}
+        if overrides:
+            expected |= {("kms:Decrypt", KEY), ("kms:GenerateDataKey", KEY)}
+        assert allowed == expected, overrides
+        environment = r.functions["JobsFunction"].environment
+        assert environment["SUBMIT_FUNCTION_NAME"] == r["SubmitFunction"]
+        assert environment["RESULT_BUCKET"] == r["ResultBucket"]
+        assert not {"SUME_API_KEY_NAME", "SUME_BASE_URL", "WEBHOOK_SECRET_NAME"} & set(environment)  # no Sume key
+
+
+def test_post_jobs_outwaits_the_submit_function_within_its_own_timeout() -> None:
+    from sume_poller.wiring.jobs import INVOKE_CONFIG, INVOKE_READ_TIMEOUT_S
+
+    r = resolver()
+    submit, jobs = r.functions["SubmitFunction"].timeout, r.functions["JobsFunction"].timeout
+    assert submit < INVOKE_READ_TIMEOUT_S == INVOKE_CONFIG.read_timeout < jobs
+    assert INVOKE_CONFIG.retries == {"mode": "standard", "max_attempts": 1}  # a retried Invoke submits again
+    spec = PARAMETERS["ResultUrlExpirySeconds"]
+    assert (spec["MinValue"], spec["Default"], spec["MaxValue"]) == (30, 300, 3600)
+    assert resolver(ResultUrlExpirySeconds="45").functions["JobsFunction"].environment[
+        "RESULT_URL_EXPIRY_SECONDS"] == "45"
 
 
 def test_a_stale_schedule_tick_is_dropped_not_retried() -> None:
