@@ -44,10 +44,9 @@ OUTCOMES = ["completed"] * 14 + ["failed", "failed", "canceled", "expired"]
 #: over the day: at clock scale 0.1, 10,000 a day is 1.2 reads per real second); reads per
 #: minute keep the template's 120, and poll concurrency is 8 instead of 5.
 DEMO_PARAMETERS = {"CreatesPerMinute": "0", "CreatesPerDay": "0", "ReadsPerDay": "0", "PollMaxConcurrency": "8"}
-#: How often the live view reads the table and the metrics (real seconds).
-VIEW_EVERY_S = 1.0
-#: Finished jobs shown in the live view (every job is listed in JOBS_FILE at the end).
-RECENT_ROWS = 6
+#: How often the live view reads the table and the metrics (real seconds); how many of the latest
+#: finished jobs it shows (every job is listed in JOBS_FILE at the end).
+VIEW_EVERY_S, RECENT_ROWS = 1.0, 6
 ROOT = Path(__file__).resolve().parents[1]
 JOBS_FILE = ROOT / ".scratch" / "demo-jobs.txt"
 STATUSES = ("pending", "completed", "failed", "canceled", "expired", "timed_out")

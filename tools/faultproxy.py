@@ -23,17 +23,9 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Self
 
-from tools.services import Lifecycle
-
-__all__ = ["FaultProxy"]
-
 _LINE_TYPES = b"+-:_,#("  # simple string, error, integer, null, double, boolean, big number
 _BLOB_TYPES = b"$!="  # bulk string, bulk error, verbatim string
 _AGGREGATES = {ord("*"): 1, ord("~"): 1, ord(">"): 1, ord("%"): 2, ord("|"): 2}  # items per count
-
-
-class _NotResp(Exception):
-    """Bytes that are not RESP: the connection cannot be followed any more."""
 
 
 def _value_end(buf: bytearray, pos: int) -> int | None:
@@ -47,11 +39,11 @@ def _value_end(buf: bytearray, pos: int) -> int | None:
     try:
         size = int(buf[pos + 1 : eol])
     except ValueError:
-        raise _NotResp(bytes(buf[pos:after])) from None
+        raise ValueError(f"not RESP: {bytes(buf[pos:after])!r}") from None  # the connection ends
     if kind in _BLOB_TYPES:
         return after if size < 0 else (after + size + 2 if len(buf) >= after + size + 2 else None)
     if kind not in _AGGREGATES:
-        raise _NotResp(bytes(buf[pos:after]))
+        raise ValueError(f"not RESP: {bytes(buf[pos:after])!r}")
     end = after
     for _ in range(max(size, 0) * _AGGREGATES[kind]):
         if (item := _value_end(buf, end)) is None:
@@ -87,7 +79,7 @@ class _Fault:
     error: bytes = b""
 
 
-class FaultProxy(Lifecycle):
+class FaultProxy:
     """Forward ``127.0.0.1:port`` to ``target_host:target_port`` and apply the armed faults."""
 
     def __init__(self, target_host: str, target_port: int, port: int = 0, connect_timeout: float = 5.0) -> None:
@@ -95,6 +87,7 @@ class FaultProxy(Lifecycle):
         self.connect_timeout = connect_timeout
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port: int = self._listener.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
         self._lock = threading.Lock()  # the faults and counters, shared with the caller's thread
         self._faults: list[_Fault] = []
         self._seen: Counter[str] = Counter()
@@ -105,16 +98,18 @@ class FaultProxy(Lifecycle):
         self._thread: threading.Thread | None = None
         self._server: asyncio.Server | None = None
 
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
     def start(self) -> Self:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop.run_forever, name=f"faultproxy-{self.port}", daemon=True)
             self._thread.start()
             self._server = self._call(asyncio.start_server(self._link, sock=self._listener))
         return self
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def stop(self) -> None:
         """Stop accepting, close every connection and the loop."""
@@ -128,7 +123,6 @@ class FaultProxy(Lifecycle):
     def _call(self, coroutine: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10.0)
 
-    # -- faults -----------------------------------------------------------------------------
     def drop_reply(self, command: str, times: int = 1) -> None:
         """The next ``times`` ``command``s run on the server; their replies are dropped and the
         client's connection closed."""
@@ -157,7 +151,6 @@ class FaultProxy(Lifecycle):
         """End the outage: new connections are forwarded again."""
         self._refusing = False
 
-    # -- counters ---------------------------------------------------------------------------
     @property
     def seen(self) -> Counter[str]:
         """Commands received from clients, by upper-case name (injected ones included)."""
@@ -175,7 +168,6 @@ class FaultProxy(Lifecycle):
         """Client connections open now."""
         return len(self._links)
 
-    # -- internals --------------------------------------------------------------------------
     def _arm(self, fault: _Fault) -> None:
         if fault.times < 1:
             raise ValueError(f"times must be at least 1, got {fault.times}")
@@ -267,7 +259,7 @@ class FaultProxy(Lifecycle):
             finally:
                 for pump in pumps:
                     pump.cancel()
-                await asyncio.gather(*pumps, return_exceptions=True)  # a _NotResp ends the connection too
+                await asyncio.gather(*pumps, return_exceptions=True)  # bytes that are not RESP end it too
         except OSError:  # TimeoutError is one
             pass
         finally:

@@ -68,9 +68,8 @@ class LambdaContext:
         self.aws_request_id = aws_request_id or str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"
         self.log_stream_name = os.environ.get("AWS_LAMBDA_LOG_STREAM_NAME") or _log_stream_name()
-        self.identity: Any = None
-        self.client_context: Any = None
-        self.tenant_id: str | None = None
+        self.identity: Any = None  # and client_context, tenant_id: none locally
+        self.client_context = self.tenant_id = None
         self._deadline = time.monotonic() + float(timeout_s)
 
     def get_remaining_time_in_millis(self) -> int:
@@ -274,8 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         found = functions(Path(args.template), parse_parameter_overrides(args.parameter_overrides), region)
         name = args.function or (next(iter(found)) if len(found) == 1 else None)
         if name not in found:
-            parser.error(f"name a function of {args.template}: {', '.join(found)}" if name is None
-                         else f"{name!r} is not a function of {args.template}: {', '.join(found)}")
+            parser.error(f"{name or 'no function'!r} is not a function of {args.template}: {', '.join(found)}")
         spec = found[name]
         if args.env_vars:
             spec = apply_env_vars(spec, json.loads(Path(args.env_vars).read_text(encoding="utf-8")), sys.stderr)

@@ -107,17 +107,10 @@ def status(view: StackView, ddb: Any, sqs: Any) -> str:
 def model_lines(store: Any, profiles: Iterable[str], now: Callable[[], float]) -> list[tuple[str, str]]:
     """(profile, its learned model in words), as the poll function fits it from ``store``."""
     cache = ModelCache(store, now)
-    lines = []
-    for profile in sorted(set(profiles)):
-        model = cache.describe(profile)
-        if "median" in model:
-            lines.append((profile, f"median {model['median']:g} s, p90 {model['p90']:g} s, sigma {model['sigma']:g} "
-                                   f"({model['observations']} observations)"))
-        else:
-            lines.append((profile, f"static schedule ({model['observations']} completions, {model['bracketed']} "
-                                   f"seen running first; a model needs {MIN_OBSERVATIONS} and "
-                                   f"{MIN_OBSERVATIONS // 3})"))
-    return lines
+    return [(profile, f"median {m['median']:g} s, p90 {m['p90']:g} s, sigma {m['sigma']:g} ({m['observations']} "
+             "observations)" if "median" in m else f"static schedule ({m['observations']} completions, "
+             f"{m['bracketed']} seen running first; a model needs {MIN_OBSERVATIONS} and {MIN_OBSERVATIONS // 3})")
+            for profile, m in ((p, cache.describe(p)) for p in sorted(set(profiles)))]
 
 
 def models(view: StackView, ddb: Any) -> list[tuple[str, str]]:

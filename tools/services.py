@@ -19,14 +19,10 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self
 
 from mirakuru import TCPExecutor
 from mirakuru.exceptions import AlreadyRunning, ProcessExitedWithError, TimeoutExpired
-
-__all__ = ["Lifecycle", "MotoServer", "RedisCluster", "RedisServer", "Service", "ServiceError", "free_port",
-           "speed_up_moto"]
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 20.0
@@ -43,23 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-class Lifecycle:
-    """``start()``/``stop()`` and their context manager."""
-
-    def start(self) -> Self:
-        raise NotImplementedError
-
-    def stop(self) -> Any:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> None:
-        self.stop()
 
 
 class Service(TCPExecutor):  # type: ignore[misc]
@@ -135,6 +114,9 @@ class RedisServer(Service):
         if acl_user is not None and (not acl_user[0] or acl_user[0].split() != [acl_user[0]]):
             raise ValueError(f"ACL user name must be one word, got {acl_user[0]!r}")
         self.password, self.acl_user = password, acl_user
+        #: (username, password) to AUTH with: (None, password) for the default user, None when open.
+        self.credentials: Credentials | None = acl_user if acl_user is not None else (
+            None if password is None else (None, password))
         self._dir = tempfile.TemporaryDirectory(prefix="redis-")
         self.directory = Path(self._dir.name)
         users = ""
@@ -152,19 +134,10 @@ class RedisServer(Service):
         super().__init__([_binary("redis-server"), str(config), "--port", str(port), "--bind", "127.0.0.1",
                           "--save", "", "--appendonly", "no", "--daemonize", "no", *(extra or [])],
                          port, ready_timeout, cwd=self._dir.name)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def credentials(self) -> Credentials | None:
-        """(username, password) to AUTH with: (None, password) for the default user, None when open."""
-        return self.acl_user if self.acl_user is not None else (
-            None if self.password is None else (None, self.password))
+        self.url = f"redis://127.0.0.1:{self.port}/0"
 
 
-class RedisCluster(Lifecycle):
+class RedisCluster:
     """``masters`` redis-server nodes in cluster mode without replicas, joined with
     ``redis-cli --cluster create``: the shape of ElastiCache cluster mode (and Serverless). Ready
     when ``CLUSTER INFO`` says ``cluster_state:ok`` on every node. ``.url`` is the first node
@@ -208,6 +181,12 @@ class RedisCluster(Lifecycle):
             raise
         return self
 
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Stop every node and remove its files (nodes-<port>.conf included)."""
         for server in self.servers:
@@ -234,11 +213,10 @@ class RedisCluster(Lifecycle):
 
 
 def speed_up_moto() -> None:
-    """Two changes to moto, in its server and in this process's mock alike. Its dispatcher lists
-    moto's package directory on every request to tell a backend's name (~150 stat calls, a tenth
-    of the server's CPU in the test runs): the listing cannot change, so it is read once. Its
-    CloudFormation parses every template body with PyYAML's pure-Python loader (80 ms for this
-    template, on every CreateStack): a JSON body is read with json."""
+    """Two changes to moto, in its server and in this process's mock alike: its dispatcher's listing
+    of moto's package directory on every request (~150 stat calls, a tenth of the server's CPU in
+    the test runs) is read once; a JSON template body is read with json, not PyYAML's pure-Python
+    loader (80 ms for this template, on every CreateStack)."""
     import functools
     import json
 
@@ -271,9 +249,4 @@ class MotoServer(Service):
 
     def reset(self) -> None:
         """Forget every resource moto holds (POST /moto-api/reset)."""
-        request = urllib.request.Request(f"{self.endpoint_url}/moto-api/reset", method="POST", data=b"")
-        try:
-            with urllib.request.urlopen(request, timeout=10.0):
-                pass
-        except OSError as error:
-            raise ServiceError(f"moto reset failed on {self.endpoint_url}: {error}") from error
+        urllib.request.urlopen(f"{self.endpoint_url}/moto-api/reset", data=b"", timeout=10.0).close()

@@ -2,6 +2,5 @@
 :mod:`tools.stack.inprocess` (the handlers in this process on moto server) or
 :mod:`tools.stack.deployed` (sam build + sam deploy into ministack)."""
 
-from tools.stack.base import LOCAL_PARAMETERS, SetupError, Stack
-
-__all__ = ["LOCAL_PARAMETERS", "SetupError", "Stack"]
+from tools.stack.base import SetupError as SetupError
+from tools.stack.base import Stack as Stack

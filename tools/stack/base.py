@@ -20,24 +20,21 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self, cast
 
 from sume_poller.clock import Clock
 from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
 from sume_poller.store import JobStore, from_item, to_attrs
-from tools.template import REGION, ROOT, TEMPLATE, aws_clients
+from tools.template import REGION, ROOT
 
-__all__ = ["REGION", "ROOT", "TEMPLATE", "aws_clients"]  # re-exported for the backends
 SCRATCH = ROOT / ".scratch" / "stack"
-API_KEY_NAME = "/sume-poller/api-key"
 #: Dummy credentials: moto and ministack accept any (a non-numeric key is account 000000000000).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}
 #: Template parameters of every local stack (on top of the template's defaults). The stack adds
 #: TimeScale, RedisUrl and SumeBaseUrl; a caller's ``parameters`` win over all of them.
 #: LeaseMarginSeconds 5: a lost chain is picked up a few seconds after its delay ends, not 30 s.
-LOCAL_PARAMETERS = {"LocalEndpoints": "true", "SumeApiKeyName": API_KEY_NAME, "LeaseMarginSeconds": "5"}
+LOCAL_PARAMETERS = {"LocalEndpoints": "true", "SumeApiKeyName": "/sume-poller/api-key", "LeaseMarginSeconds": "5"}
 
 
 class SetupError(RuntimeError):
@@ -59,13 +56,6 @@ def prune_stale(parent: Path) -> None:
         pid = entry.name.split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-
-
-def stack_parameters(time_scale: float, redis_url: str, sume_base_url: str,
-                     overrides: Mapping[str, Any] | None) -> dict[str, str]:
-    """Template parameters of a local stack: local defaults, its services, then ``overrides``."""
-    return {**LOCAL_PARAMETERS, "TimeScale": f"{time_scale:g}", "RedisUrl": redis_url, "SumeBaseUrl": sume_base_url,
-            **{key: str(value) for key, value in (overrides or {}).items()}}
 
 
 def scheduled_event() -> dict[str, Any]:
@@ -151,8 +141,7 @@ class EmfTotals:
         self.totals: Counter[str] = Counter()
 
     def add_line(self, line: str) -> None:
-        start = line.find("{")
-        if start < 0 or '"_aws"' not in line:
+        if (start := line.find("{")) < 0 or '"_aws"' not in line:
             return
         try:
             document = json.loads(line[start:])
@@ -191,21 +180,10 @@ class Stack(ABC):
     ``schedules`` are the scheduled functions, fan-out first."""
 
     name: str
-    parameters: dict[str, str]
     schedules: list[str]
-    clock: Clock
-    sim: Any  # tools.sume_sim.SumeSimulator
-    redis_server: Any  # tools.services.RedisServer
-    redis_url: str
-    api_key: str
-    outputs: dict[str, str]
-    client: Callable[[str], Any]
-    table: JobTable
-    sink: EventSink
 
     def __init__(self, time_scale: float, parameters: Mapping[str, Any] | None,
                  sim_options: Mapping[str, Any] | None) -> None:
-        self._exit = ExitStack()
         self.time_scale = time_scale
         self._overrides = dict(parameters or {})
         self._sim_options = dict(sim_options or {})
@@ -215,7 +193,8 @@ class Stack(ABC):
         """Start everything (register every stop on ``stack``)."""
 
     def _start_services(self, stack: ExitStack) -> None:
-        """What both backends run beside the AWS side: the clock, redis-server, the Sume simulator."""
+        """What both backends run beside the AWS side: the clock, redis-server, the Sume simulator;
+        the template parameters: the local defaults, these services, then the caller's."""
         from tools.services import RedisServer
         from tools.sume_sim import SumeSimulator
 
@@ -225,17 +204,22 @@ class Stack(ABC):
         self.redis_url = self.redis_server.url
         self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
                                                      **self._sim_options))
+        self.parameters = {**LOCAL_PARAMETERS, "TimeScale": f"{self.time_scale:g}", "RedisUrl": self.redis_url,
+                           "SumeBaseUrl": self.sim.base_url, **{k: str(v) for k, v in self._overrides.items()}}
+
+    def _connect(self, client: Callable[[str], Any], outputs: Mapping[str, str]) -> None:
+        """The AWS side is up: its clients, the stack's outputs, the job table, the event sink."""
+        self.client, self.outputs = client, dict(outputs)
+        self.table = JobTable(client("dynamodb"), self.outputs["JobsTableName"])
+        self.sink = EventSink(client("sqs"), client("events"), self.parameters.get("EventBusName", "default"))
 
     def __enter__(self) -> Self:
-        try:
-            self._start(self._exit)
-        except BaseException:
-            self._exit.close()
-            raise
+        with ExitStack() as stack:  # a start that fails stops what it started
+            self._start(stack)
+            self._exit = stack.pop_all()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._exit.close()
 
     @abstractmethod

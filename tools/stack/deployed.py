@@ -45,22 +45,8 @@ from typing import Any, Self
 from mirakuru.exceptions import ProcessFinishedWithError
 
 from tools.services import Service, free_port
-from tools.stack.base import (
-    CREDENTIALS,
-    REGION,
-    ROOT,
-    SCRATCH,
-    TEMPLATE,
-    EmfTotals,
-    EventSink,
-    JobTable,
-    Stack,
-    aws_clients,
-    prune_stale,
-    require,
-    stack_parameters,
-    wait_until,
-)
+from tools.stack.base import CREDENTIALS, SCRATCH, EmfTotals, Stack, prune_stale, require, wait_until
+from tools.template import REGION, ROOT, TEMPLATE, aws_clients
 
 MINISTACK = ROOT / ".venv-ministack" / "bin" / "ministack"
 SAM = ROOT / ".venv-sam" / "bin" / "sam"
@@ -102,10 +88,7 @@ class MinistackServer(Service):
                           "BIND_HOST=127.0.0.1", f"TMPDIR={self.tmpdir}", f"MINISTACK_REGION={REGION}",
                           "LOG_LEVEL=WARNING", "LAMBDA_EXECUTOR=local", *(f"{k}={v}" for k, v in CREDENTIALS.items()),
                           str(binary)], port, ready_timeout)
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        self.endpoint_url = f"http://127.0.0.1:{port}"
 
     def after_start_check(self) -> bool:
         try:
@@ -124,7 +107,7 @@ class MinistackServer(Service):
 class LogGroupMetrics(EmfTotals):
     """EMF totals from CloudWatch Logs groups since :meth:`restart`: each refresh reads again from a
     few seconds before the newest event seen (delivery is not ordered across streams); an event
-    counts once (by its eventId)."""
+    counts once (by stream, time and message: ministack gives no eventId)."""
 
     def __init__(self, logs: Any, groups: Iterable[str]) -> None:
         super().__init__()
@@ -134,17 +117,19 @@ class LogGroupMetrics(EmfTotals):
     def restart(self) -> None:
         self.clear()
         self._from = dict.fromkeys(self.groups, int(time.time() * 1000))
-        self._seen: set[str] = set()
+        self._seen: set[tuple[str, int, str]] = set()
 
     def refresh(self) -> Counter[str]:
         for group, start in list(self._from.items()):
             pages = self.logs.get_paginator("filter_log_events").paginate(
                 logGroupName=group, filterPattern='"_aws"', startTime=start)
             with contextlib.suppress(self.logs.exceptions.ResourceNotFoundException):  # nothing logged yet
-                for event in (e for page in pages for e in page.get("events", []) if e["eventId"] not in self._seen):
-                    self._seen.add(event["eventId"])
-                    self._from[group] = max(self._from[group], int(event["timestamp"]) - 5_000)
-                    self.add_line(event.get("message", ""))
+                for event in (e for page in pages for e in page.get("events", [])):
+                    key = (event.get("logStreamName", ""), int(event["timestamp"]), event.get("message", ""))
+                    if key not in self._seen:
+                        self._seen.add(key)
+                        self._from[group] = max(self._from[group], key[1] - 5_000)
+                        self.add_line(key[2])
         return Counter(self.totals)
 
 
@@ -184,19 +169,14 @@ def build() -> Path:
         return _built["template"]
 
 
-def parameter_overrides(values: Mapping[str, str]) -> list[str]:
-    """``Key="Value"`` arguments: sam splits ``--parameter-overrides`` on whitespace."""
-    if quoted := [key for key, value in values.items() if '"' in value]:
-        raise ValueError(f"parameters {quoted} contain a double quote")
-    return [f'{key}="{value}"' for key, value in values.items()]
-
-
 def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, parameters: Mapping[str, str],
            api_key: str) -> tuple[dict[str, str], dict[str, str]]:
     """Store the Sume key where the template reads it, ``sam deploy`` the built template, apply
     what ministack leaves out; the stack's outputs and its functions (logical id -> name)."""
     from tools.template import resolve
 
+    if quoted := [key for key, value in parameters.items() if '"' in value]:  # each goes in as Key="Value"
+        raise ValueError(f"parameters {quoted} contain a double quote")
     template, s3, cfn, lam = build(), client("s3"), client("cloudformation"), client("lambda")
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=ARTIFACT_BUCKET)
@@ -204,8 +184,8 @@ def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, par
                                 Overwrite=True)
     done = _sam(["deploy", "--template-file", str(template), "--stack-name", stack_name, "--s3-bucket",
                  ARTIFACT_BUCKET, "--region", REGION, "--capabilities", "CAPABILITY_IAM",
-                 "--no-confirm-changeset", "--no-fail-on-empty-changeset", "--no-progressbar",
-                 "--parameter-overrides", *parameter_overrides(parameters)], endpoint_url, DEPLOY_TIMEOUT_S)
+                 "--no-confirm-changeset", "--no-fail-on-empty-changeset", "--no-progressbar", "--parameter-overrides",
+                 *(f'{k}="{v}"' for k, v in parameters.items())], endpoint_url, DEPLOY_TIMEOUT_S)
     if done.returncode != 0:
         failed = "(no stack events)"
         with contextlib.suppress(Exception):  # the stack may not exist at all
@@ -256,16 +236,13 @@ class DeployedStack(Stack):
         self._start_services(stack)
         self.ministack = stack.enter_context(MinistackServer())
         self.endpoint_url = self.ministack.endpoint_url
-        self.client = aws_clients(self.endpoint_url)
+        client = aws_clients(self.endpoint_url)
         self.log(f"ministack on {self.endpoint_url}, redis-server on port {self.redis_server.port}, "
                  f"Sume simulator on {self.sim.base_url}; sam build + sam deploy ...")
-        self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
-        self.outputs, self.functions = deploy(self.client, self.endpoint_url, self.stack_name, self.parameters,
-                                              self.api_key)
+        outputs, self.functions = deploy(client, self.endpoint_url, self.stack_name, self.parameters, self.api_key)
+        self._connect(client, outputs)
         scheduled = resolve(self.parameters).schedules
         self.schedules = [lid for lid in self.functions if lid in scheduled]  # template order: fan-out first
-        self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
-        self.sink = EventSink(self.client("sqs"), self.client("events"), self.parameters.get("EventBusName", "default"))
         # Each function logs to the group its LoggingConfig names (as `sam logs` finds it).
         configs = [self.client("lambda").get_function_configuration(FunctionName=f) for f in self.functions.values()]
         self._metrics = LogGroupMetrics(self.client("logs"), [
@@ -334,5 +311,3 @@ class DeployedStack(Stack):
         self.sink.received.clear()
         self._metrics.restart()
 
-
-__all__ = ["DeployError", "DeployedStack", "InvokeError", "MinistackServer", "build", "deploy"]

@@ -19,11 +19,11 @@ BaseException: the invocation crashes and, as in Lambda, the whole batch stays u
 from __future__ import annotations
 
 import heapq
-import importlib.util
 import io
 import math
 import os
 import re
+import runpy
 import sys
 import threading
 import time
@@ -32,36 +32,21 @@ from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
 
-from tools.stack.base import (
-    CREDENTIALS,
-    REGION,
-    SCRATCH,
-    TEMPLATE,
-    EmfTotals,
-    EventSink,
-    JobTable,
-    Stack,
-    aws_clients,
-    prune_stale,
-    stack_parameters,
-    wait_until,
-)
+from tools.stack.base import CREDENTIALS, SCRATCH, EmfTotals, Stack, prune_stale, wait_until
+from tools.template import REGION, TEMPLATE, aws_clients
 
 if TYPE_CHECKING:
     from tools.services import MotoServer
 
 #: Suffix of the copy of a message that ``duplicate=True`` delivers in the same batch.
 DUPLICATE_SUFFIX = "-dup"
-#: How long :meth:`InProcessStack.drive` waits when the queue has nothing visible: this little
-#: while a message is due to become visible (a re-queue's delay, seen in the handler's report)...
-IDLE_POLL_S = 0.05
-#: ... and at most this long otherwise (a message whose visibility timeout ran out unseen). Every
-#: empty receive costs moto and the test process CPU: polling every 50 ms all the time made an
-#: idle stack burn 0.4 of a core, so on 2 cores four test workers spent most of theirs waiting.
-MAX_IDLE_S = 0.5
+#: How long :meth:`InProcessStack.drive` waits when the queue has nothing visible: this little while
+#: a message is due (a re-queue's delay, seen in the handler's report), at most MAX_IDLE_S otherwise
+#: (a visibility timeout ran out unseen). Polling every 50 ms all the time made an idle stack burn
+#: 0.4 of a core: on 2 cores four test workers spent most of theirs waiting.
+IDLE_POLL_S, MAX_IDLE_S = 0.05, 0.5
 #: A message expected visible but not received this long after: no longer expected.
 DUE_GRACE_S = 0.3
 
@@ -73,10 +58,9 @@ def _rate_seconds(expression: str) -> float:
 
 
 def _environment_changed() -> None:
-    """What a fresh Lambda container would read from the environment: the layer's cached parts
-    (settings, secrets: another stack in this process may have used another endpoint and key),
-    and Powertools Metrics' namespace and service (this process may have imported the layer
-    before the functions' environment was set)."""
+    """What a fresh Lambda container reads from the environment, read again: the layer's cached parts
+    (settings, secrets: another stack in this process may have had other ones) and Powertools
+    Metrics' namespace and service (the layer may have been imported before they were set)."""
     from sume_poller import runtime
     from sume_poller.observability import metrics
 
@@ -102,9 +86,6 @@ class _ThreadOutput(io.TextIOBase):
 
     def flush(self) -> None:
         self.passthrough.flush()
-
-    def lines(self) -> list[str]:
-        return [line for line in "".join(self._kept).splitlines() if line.strip()]
 
 
 @dataclass
@@ -159,21 +140,19 @@ class InProcessStack(Stack):
             self.moto = self._given_moto
             self.moto.reset()
             stack.callback(self.moto.reset)
-        self.client = aws_clients(self.moto.endpoint_url)
-        self.parameters = stack_parameters(self.time_scale, self.redis_url, self.sim.base_url, self._overrides)
+        client = aws_clients(self.moto.endpoint_url)
         self.translated = translate(load(TEMPLATE), self.parameters, REGION)
-        self.created = create_stack(self.client, self.translated, self.parameters)
-        self.outputs, self.specs = self.created.outputs, self.created.functions
+        self.created = create_stack(client, self.translated, self.parameters)
+        self.specs = self.created.functions
         self.schedules = sorted(self.created.schedules, key=list(self.specs).index)  # template order: fan-out first
         self.schedule_period = min((_rate_seconds(e) for e in self.created.schedules.values()), default=60.0)
         self._next_schedule = time.monotonic() + self.schedule_period
         mapping = self.created.mappings["PollFunction"]
         self.batch_size, self.queue_arn = int(mapping["BatchSize"]), str(mapping["EventSourceArn"])
-        self._store_key()
         if (bus := self.parameters.get("EventBusName", "default")) != "default":
-            self.client("events").create_event_bus(Name=bus)
-        self.table = JobTable(self.client("dynamodb"), self.outputs["JobsTableName"])
-        self.sink = EventSink(self.client("sqs"), self.client("events"), bus)
+            client("events").create_event_bus(Name=bus)
+        self._connect(client, self.created.outputs)
+        self._store_key()
         # Handler logs (Powertools Logger) to log_path.
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         prune_stale(SCRATCH / "logs")
@@ -192,7 +171,11 @@ class InProcessStack(Stack):
             if layer not in sys.path:
                 sys.path.insert(0, layer)  # what /opt/python is in Lambda
         _environment_changed()
-        self.modules = {lid: self._load_handler(spec.code_dir, spec.handler, lid) for lid, spec in self.specs.items()}
+        self.handlers = {}  # each function's handler, its module run from the function's code dir
+        for lid, spec in self.specs.items():
+            module, name = spec.handler.rsplit(".", 1)
+            path = spec.code_dir / f"{module.replace('.', '/')}.py"
+            self.handlers[lid] = runpy.run_path(str(path), run_name=f"_stack_handler_{lid}")[name]
 
     def _store_key(self) -> None:
         self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
@@ -204,31 +187,20 @@ class InProcessStack(Stack):
         os.environ.update(saved)
         _environment_changed()
 
-    @staticmethod
-    def _load_handler(code_dir: Path, handler: str, logical_id: str) -> ModuleType:
-        path = code_dir / f"{handler.rsplit('.', 1)[0].replace('.', '/')}.py"
-        loader = importlib.util.spec_from_file_location(f"_stack_handler_{logical_id}", path)
-        assert loader is not None and loader.loader is not None
-        module = importlib.util.module_from_spec(loader)
-        loader.loader.exec_module(module)
-        return module
-
     def invoke(self, logical_id: str, event: Any) -> Any:
         """Call a function's handler with ``event`` and a fresh Lambda context."""
         from tools.local_invoke import make_context
 
-        spec = self.specs[logical_id]
-        handler = getattr(self.modules[logical_id], spec.handler.rsplit(".", 1)[1])
         self._invocations += 1
         if logical_id != "PollFunction":
             self.expect_visible(0.0)  # submit, fan-out, sweeps and webhooks send poll messages
         output = _ThreadOutput(sys.stdout)
         sys.stdout = output
         try:
-            return handler(event, make_context(spec))
+            return self.handlers[logical_id](event, make_context(self.specs[logical_id]))
         finally:
             sys.stdout = output.passthrough
-            for line in output.lines():  # Powertools prints each EMF document on stdout
+            for line in filter(str.strip, "".join(output._kept).splitlines()):  # Powertools prints EMF there
                 self._emf.add_line(line)
                 self._log.write(line + "\n")
 
@@ -257,12 +229,9 @@ class InProcessStack(Stack):
         return runner
 
     def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
-        """Invoke the poll function with ``messages`` (as received); delete the successes.
-
-        ``duplicate``: each message is in the batch twice (at-least-once delivery). A handler
-        that raises (any BaseException but KeyboardInterrupt) is a crashed invocation: nothing is
-        deleted and the crash is returned, not raised.
-        """
+        """Invoke the poll function with ``messages`` (as received); delete the successes. ``duplicate``:
+        each message is in the batch twice (at-least-once delivery). A handler that raises (any
+        BaseException but KeyboardInterrupt) crashed: nothing is deleted, the crash is returned."""
         records = [{"messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
                     "attributes": dict(m.get("Attributes", {})), "md5OfBody": m.get("MD5OfBody", ""),
                     "messageAttributes": dict(m.get("MessageAttributes", {})), "eventSource": "aws:sqs",
