@@ -10,6 +10,11 @@ Each test puts the system in the state its sample presumes (a pending record, th
 at the sample's chain step, a job in the simulator), runs the files and checks what they did.
 Independent invocations run concurrently (each is a cold Python process).
 
+The jobs samples: ``http_post_job.json`` makes the jobs function invoke the submit function,
+which moto cannot run: the child process's Lambda client is pointed at
+``invoke_endpoint.InvokeEndpoint`` (``AWS_ENDPOINT_URL_LAMBDA``), which runs the stack's submit
+handler in this process.
+
 Webhook: the static webhook_delivery.json carries a signature whose timestamp is long outside
 WebhookToleranceSeconds, so the test re-signs a copy with its own secret (stored as the SSM
 parameter the function reads) and a fresh timestamp, as tests/unit/test_events_contract.py does.
@@ -35,6 +40,7 @@ from typing import Any
 
 import pytest
 import redis
+from invoke_endpoint import InvokeEndpoint
 
 from sume_poller.store import JobStore
 from sume_poller.sweep import MIN_JOBS_PER_READ, STATUSES
@@ -67,6 +73,9 @@ INVOKED = {
     "fanout_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
     "sweep_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
     "webhook_delivery.json": "test_a_re_signed_webhook_delivery_is_accepted_and_a_bad_signature_refused",
+    "get_job.json": "test_jobs_events_read_a_recorded_job_and_post_a_submission",
+    "http_get_job.json": "test_jobs_events_read_a_recorded_job_and_post_a_submission",
+    "http_post_job.json": "test_jobs_events_read_a_recorded_job_and_post_a_submission",
 }
 
 
@@ -105,8 +114,9 @@ def rdb(stack: InProcessStack) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def invoke(stack: InProcessStack, tmp_path: Path) -> Callable[[str, str | Path], Invocation]:
-    """``invoke(function, event)``: one `sam local invoke` of an events/ file (or a path)."""
+def invoke(stack: InProcessStack, tmp_path: Path) -> Callable[..., Invocation]:
+    """``invoke(function, event, env=None)``: one `sam local invoke` of an events/ file (or a
+    path); ``env`` adds variables to the child's environment."""
     # Each function's environment as the stack resolved it (resource names, local endpoints),
     # in SAM's env-vars format; the template parameters go in as --parameter-overrides.
     env_vars = tmp_path / "env.json"
@@ -115,11 +125,11 @@ def invoke(stack: InProcessStack, tmp_path: Path) -> Callable[[str, str | Path],
     child_env = {key: os.environ[key] for key in ("PATH", "HOME", "LANG", "TMPDIR") if key in os.environ}
     child_env.update(CREDENTIALS, AWS_ENDPOINT_URL=stack.moto.endpoint_url)
 
-    def run(function: str, event: str | Path) -> Invocation:
+    def run(function: str, event: str | Path, env: dict[str, str] | None = None) -> Invocation:
         path = event if isinstance(event, Path) else EVENTS / event
         command = [sys.executable, "-m", "tools.local_invoke", function, "-e", str(path),
                    "--env-vars", str(env_vars), "--parameter-overrides", *overrides]
-        proc = subprocess.run(command, cwd=ROOT, env=child_env, capture_output=True, text=True,
+        proc = subprocess.run(command, cwd=ROOT, env={**child_env, **(env or {})}, capture_output=True, text=True,
                               timeout=INVOKE_TIMEOUT_S, check=False)
         reply = json.loads(proc.stdout) if proc.stdout.strip() else None
         return Invocation(proc.returncode, reply, proc.stderr)
@@ -304,3 +314,31 @@ def test_a_re_signed_webhook_delivery_is_accepted_and_a_bad_signature_refused(
     # The event id is remembered in Redis: Sume's retry of the same delivery is a duplicate.
     again = stack.invoke("WebhookFunction", json.loads(good.read_text()))
     assert (again["statusCode"], json.loads(again["body"])) == (200, {"duplicate": True})
+
+
+def test_jobs_events_read_a_recorded_job_and_post_a_submission(stack: InProcessStack, invoke: Any) -> None:
+    job_id = json.loads((EVENTS / "get_job.json").read_text())["job_id"]
+    assert json.loads((EVENTS / "http_get_job.json").read_text())["rawPath"] == f"/jobs/{job_id}"
+    put_pending(stack, job_id, "image")
+    submission = json.loads(json.loads((EVENTS / "http_post_job.json").read_text())["body"])
+
+    with InvokeEndpoint(stack) as endpoint:
+        lam = {"AWS_ENDPOINT_URL_LAMBDA": endpoint.url}
+        direct, over_http, posted = concurrently(lambda: invoke("JobsFunction", "get_job.json"),
+                                                 lambda: invoke("JobsFunction", "http_get_job.json"),
+                                                 lambda: invoke("JobsFunction", "http_post_job.json", lam))
+
+    reply = ok(direct)
+    assert (reply["job_id"], reply["kind"], reply["status"], reply["result_location"]) == (
+        job_id, "image", "pending", None)
+    assert ok(over_http)["statusCode"] == 200 and json.loads(over_http.reply["body"]) == reply
+    assert ok(posted)["statusCode"] == 202, posted.reply
+    body = json.loads(posted.reply["body"])
+    assert (body["status"], body["idempotency_key"], body["replayed"]) == (
+        "submitted", submission["idempotency_key"], False)
+    assert endpoint.invoked == [("SubmitFunction", submission)]  # the request's body, as the submit event
+    (new,) = body["job_ids"]
+    assert posted.reply["headers"]["Location"] == f"/jobs/{new}"
+    assert stack.record(new)["status"] == "pending" and stack.sim.stats()["creates"] == 1  # type: ignore[index]
+    assert (direct.metrics().get("Jobs_200"), over_http.metrics().get("Jobs_200"), posted.metrics().get("Jobs_202")) \
+        == (1, 1, 1)

@@ -6,7 +6,8 @@
 * each payload passes the project's own decoders: poll bodies through ``messages.parse_message``
   (the v2 sample is byte for byte what the encoder writes; the v1 sample is still read; the
   poison record is refused), submit events through ``Submitter.handle``, the webhook delivery
-  through ``WebhookReceiver`` with a re-signed copy;
+  through ``WebhookReceiver`` with a re-signed copy, the jobs samples through ``JobsApi`` (the POST
+  /jobs sample's body through ``Submitter.handle`` too);
 * a new events/*.json file fails :func:`test_every_event_file_has_a_contract` until it is added
   to ``CONTRACT`` (and to the integration tier's tests/integration/test_events_invoke.py);
 * the v2 poll message schema (field names, types, what is always written) is pinned.
@@ -59,6 +60,9 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "submit_video.json": ("SubmitFunction", "invoke"),
     "submit_register.json": ("SubmitFunction", "invoke"),
     "webhook_delivery.json": ("WebhookFunction", "url"),
+    "get_job.json": ("JobsFunction", "invoke"),
+    "http_get_job.json": ("JobsFunction", "url"),
+    "http_post_job.json": ("JobsFunction", "url"),
 }
 #: Records that are poison on purpose (file -> message ids): they must fail to parse.
 POISON: dict[str, set[str]] = {"poll_malformed.json": {"2e1424d4-f796-459a-8184-9c92662be6da"}}
@@ -123,7 +127,8 @@ def test_each_event_is_aimed_at_a_function_with_that_trigger(name: str, template
     sources = {e["Type"] for e in (props.get("Events") or {}).values()}
     expected = {"sqs": {"SQS"}, "schedule": {"Schedule"}, "url": set(), "invoke": set()}[trigger]
     assert sources == expected, f"{function} is triggered by {sources}, {name} is a {trigger} event"
-    assert ("FunctionUrlConfig" in props) == (trigger == "url")
+    # A URL event needs a URL; a direct invoke reaches any function, one with a URL too (JobsFunction).
+    assert "FunctionUrlConfig" in props if trigger == "url" else trigger == "invoke" or "FunctionUrlConfig" not in props
 
 
 # ---------------------------------------------------------------------------------------------- SQS
@@ -299,15 +304,82 @@ def raw_json_job(event: dict[str, Any]) -> str:
     return job_id
 
 
+# ---------------------------------------------------------------------------------------------- jobs
+
+JOBS_ENV = {"JOBS_TABLE": "jobs", "RESULT_BUCKET": "results", "SUBMIT_FUNCTION_NAME": "sume-poller-SubmitFunction"}
+
+
+@pytest.mark.parametrize("name", ["http_get_job.json", "http_post_job.json"])
+def test_jobs_requests_have_the_function_url_shape_of_a_signed_caller(name: str) -> None:
+    raw = load(name)
+    assert URL_REQUIRED_KEYS <= set(raw) <= URL_KEYS
+    assert URL_CONTEXT_KEYS | {"authorizer"} == set(raw["requestContext"])
+    assert set(raw["requestContext"]["http"]) == URL_HTTP_KEYS
+    event = LambdaFunctionUrlEvent(raw)
+    context = event.request_context
+    assert (event.version, event.route_key, event.raw_query_string, context.route_key, context.stage) == (
+        "2.0", "$default", "", "$default", "$default")
+    assert context.http.path == event.raw_path and context.http.method == ("GET" if "get" in name else "POST")
+    assert context.domain_name == f"{context.api_id}.lambda-url.us-east-1.on.aws" == event.headers["host"]
+    # AuthType AWS_IAM: the caller's account and identity, never "anonymous"
+    iam = context.authorizer.iam
+    assert re.fullmatch(r"\d{12}", context.account_id) and iam.account_id == context.account_id
+    assert iam.user_arn.startswith(f"arn:aws:iam::{context.account_id}:") and iam.caller_id and iam.access_key
+    assert 0 <= context.time_epoch - datetime.strptime(context.time, "%d/%b/%Y:%H:%M:%S %z").timestamp() * 1000 < 1000
+    assert all(header == header.lower() for header in event.headers)
+    if event.body is not None:
+        assert int(event.headers["content-length"]) == len(raw_body(raw))
+        assert event.headers["content-type"] == "application/json"
+
+
+class CapturingDoor:
+    """The submit door's place: what POST /jobs would invoke the submit function with."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def submit(self, event: dict[str, Any]) -> Any:
+        from sume_poller.jobsapi import Reply
+
+        self.events.append(event)
+        return Reply(202, {"status": "submitted"})
+
+
+def test_the_jobs_samples_read_one_recorded_job_and_post_a_submit_event() -> None:
+    from sume_poller.jobsapi import JobsApi
+    from sume_poller.reader import JobReader, JobsSettings
+
+    settings = JobsSettings.from_env(JOBS_ENV)
+    job_id = load("get_job.json")["job_id"]
+    store, door = FakeStore(), CapturingDoor()
+    store.put_pending(job_id, "image", now=1_800_000_000.0, deadline_at=1_800_086_400)
+    api = JobsApi(JobReader(store, lambda key, seconds: "unused", settings.result_url_expiry), door)  # type: ignore[arg-type]
+
+    direct = api.invoke(load("get_job.json"))
+    over_http = api.http(load("http_get_job.json"))
+    posted = api.http(load("http_post_job.json"))
+
+    assert (direct.status, direct.body["job_id"], direct.body["status"]) == (200, job_id, "pending")
+    assert (over_http.status, over_http.body) == (200, direct.body)
+    assert posted.status == 202 and door.events == [submit_event("http_post_job.json")]
+
+
+def submit_event(name: str) -> dict[str, Any]:
+    """A submit function's direct-invoke event: the file, or the body a POST /jobs sample carries."""
+    event = load(name)
+    return json.loads(event["body"]) if "requestContext" in event else event  # type: ignore[no-any-return]
+
+
 # ---------------------------------------------------------------------------------------------- submit
 
 SUBMIT_ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
               "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}
 
 
-@pytest.mark.parametrize("name", files("invoke"))
+@pytest.mark.parametrize("name", [*(n for n in files("invoke") if CONTRACT[n][0] == "SubmitFunction"),
+                                  "http_post_job.json"])
 def test_submit_events_are_accepted_by_the_submitter(name: str) -> None:
-    event = load(name)
+    event = submit_event(name)
     sume, store, queue, lease = FakeSume(creates=[Created(("job_fedcba9876543210",), "req_1")]), FakeStore(), \
         FakeQueue(), FakeLease()
     settings = SubmitSettings.from_env(SUBMIT_ENV)
