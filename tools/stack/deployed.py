@@ -7,7 +7,8 @@ deploys, submits and reads state. No Docker.
 Where ministack differs from AWS, and what is done about it here:
 
 * Its CloudFormation fails the whole stack on a CloudWatch alarm over metric math
-  (``Metrics``): the template has none (every alarm is one metric).
+  (``Metrics``): the per-key alarms (Metrics Insights queries) are off here
+  (``PerKeyAlarms=false``); every other alarm is one metric.
 * Its CloudFormation stores ``ScalingConfig.MaximumConcurrency: !Ref PollMaxConcurrency`` as the
   string parameters arrive as, and its SQS poller then fails on every pass (nothing is ever
   delivered): after the deploy the same value is written back as a number with
@@ -223,7 +224,7 @@ class DeployedStack(Stack):
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  sim_options: Mapping[str, Any] | None = None, stack_name: str = "sume-poller-local",
                  log: Callable[[str], None] | None = None) -> None:
-        super().__init__(time_scale, parameters, sim_options)
+        super().__init__(time_scale, {"PerKeyAlarms": "false", **(parameters or {})}, sim_options)
         self.stack_name = stack_name
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
 
