@@ -105,8 +105,7 @@ class FaultProxy:
             self._server = self._call(asyncio.start_server(self._link, sock=self._listener))
         return self
 
-    def __enter__(self) -> Self:
-        return self.start()
+    __enter__ = start
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -181,8 +181,7 @@ class RedisCluster:
             raise
         return self
 
-    def __enter__(self) -> Self:
-        return self.start()
+    __enter__ = start
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

@@ -395,15 +395,10 @@ class Model:
         """``POST`` of a create route: a paid job (or several), idempotent per ``Idempotency-Key``."""
         with self._lock:
             now = self.clock.now()
-            account, denied = self._authorise(req, CREATES, now)
-            if account is None:
-                assert denied is not None
-                return denied
-            self._counters["create_requests"] += 1
-            admission = self._spend(account, CREATES, now)
-            answer = _Answer(req.request_id, admission.rate)
-            if not admission.allowed:
-                return self._rate_limited(answer, admission)
+            account, answer, refusal = self._admit(req, CREATES, "create_requests", now)
+            if refusal is not None:
+                return refusal
+            assert account is not None
             spec, url, error = self._parse_create(kind, body)
             fault = self._create_fault(req, spec, account.workspace)
             if fault is not None and not fault.startswith("slow:"):
@@ -473,15 +468,10 @@ class Model:
         """``GET /jobs?limit=&cursor=&type=&status=``, in the configured list mode."""
         with self._lock:
             now = self.clock.now()
-            account, denied = self._authorise(req, READS, now)
-            if account is None:
-                assert denied is not None
-                return denied
-            self._counters["list_reads"] += 1
-            admission = self._spend(account, READS, now)
-            answer = _Answer(req.request_id, admission.rate)
-            if not admission.allowed:
-                return self._rate_limited(answer, admission)
+            account, answer, refusal = self._admit(req, READS, "list_reads", now)
+            if refusal is not None:
+                return refusal
+            assert account is not None
             mode = self._config.listing
             if mode.route != "ok":
                 return self._list_route_refusal(answer, mode.route)
@@ -632,25 +622,33 @@ class Model:
         answer = _Answer(req.request_id, self._peek(account, cls, now))
         return None, answer.error(403, "forbidden", "this API key's workspace may not use this API")
 
-    @staticmethod
-    def _rate_limited(answer: _Answer, admission: Admission) -> Reply:
-        return answer.error(429, "rate_limit_exceeded", "rate limit exceeded", retry_after=admission.retry_after)
+    def _admit(self, req: Request, cls: str, counter: str, now: float) -> tuple[Account | None, _Answer, Reply | None]:
+        """The key checks, then ``counter`` and the key's ``cls`` budget: (account, its answer, None)
+        when the request may go on; else the refusal third (a 401/403 with no account, or a 429)."""
+        account, denied = self._authorise(req, cls, now)
+        if account is None:
+            return None, _Answer(req.request_id, None), denied
+        self._counters[counter] += 1
+        admission = self._spend(account, cls, now)
+        answer = _Answer(req.request_id, admission.rate)
+        if admission.allowed:
+            return account, answer, None
+        return account, answer, answer.error(429, "rate_limit_exceeded", "rate limit exceeded",
+                                             retry_after=admission.retry_after)
 
     def _open_read(self, req: Request, job_id: str, counter: str) -> _Read:
         """Gate a job read: key checks, budget, unknown id, read-after-create lag, foreign job (a
         ``forbidden`` one, or one of another workspace than the caller's: not counted on the job)."""
         now = self.clock.now()
-        account, denied = self._authorise(req, READS, now)
+        account, answer, refusal = self._admit(req, READS, counter, now)
         if account is None:
-            return _Read(_Answer(req.request_id, None), now, refusal=denied)
-        self._counters[counter] += 1
-        admission = self._spend(account, READS, now)
-        read = _Read(_Answer(req.request_id, admission.rate), now, self._jobs.get(job_id))
+            return _Read(answer, now, refusal=refusal)
+        read = _Read(answer, now, self._jobs.get(job_id))
         other_workspace = read.job is not None and read.job.workspace != account.workspace
         if not other_workspace:
             self._count_job_read(read.job, job_id, counter, now)
-        if not admission.allowed:
-            read.refusal = self._rate_limited(read.answer, admission)
+        if refusal is not None:
+            read.refusal = refusal
         elif read.job is None or now < read.job.visible_at:
             read.refusal = read.answer.error(404, "not_found", f"job {job_id} not found")
         elif read.job.spec.forbidden or other_workspace:

@@ -24,13 +24,9 @@ DEFAULT_DURATION: dict[str, float] = {
 }
 #: Internal kind -> the ``type`` value Sume reports. Restated here on purpose, not imported from the
 #: poller's layer: the simulator states Sume's contract independently of the client it tests.
-SUME_TYPES: dict[str, str] = {
-    "image": "image_generation",
-    "video": "video_generation",
-    "ad_video": "ad_video_generation",
-    "face_swap": "face_swap",
-    "reference_analysis": "reference_analysis",
-}
+SUME_TYPES: dict[str, str] = {"image": "image_generation", "video": "video_generation",
+                              "ad_video": "ad_video_generation", "face_swap": "face_swap",
+                              "reference_analysis": "reference_analysis"}
 KIND_BY_TYPE: dict[str, str] = {sume_type: kind for kind, sume_type in SUME_TYPES.items()}
 ACTIVE_CYCLE = ("queued", "running", "processing")
 SUCCESS_STATUSES = frozenset({"completed", "complete", "succeeded", "success", "ready"})
