@@ -62,11 +62,7 @@ class Poller:
                  bus: EventBus, queue: PollQueue, cadence: Cadence) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
-        self.gate = gate
-        self.sume = sume
-        self.store = store
-        self.queue = queue
-        self.cadence = cadence
+        self.gate, self.sume, self.store, self.queue, self.cadence = gate, sume, store, queue, cadence
         #: Test seam: called after each named step; the fault suite raises from it to crash there.
         self.step_hook: StepHook | None = None
         self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook)
