@@ -56,7 +56,7 @@ PROJECT_BUILD = ROOT / ".aws-sam" / "build"
 #: name -> (logical id in template.yaml, the wiring entry point its handler calls first).
 FUNCTIONS = {
     "poll": ("PollFunction", "runner()"),
-    "fanout": ("FanOutFunction", "fanout(lambda: 30000)"),
+    "fanout": ("FanOutFunction", "checked(parts()[-1])"),  # fanout(...) reads the table's #keys
     "submit": ("SubmitFunction", "submitter()"),
     "sweep": ("SweepFunction", "sweeper(lambda: 30000)"),
     "webhook": ("WebhookFunction", "receiver()"),
@@ -70,7 +70,7 @@ sys.path[:0] = {paths!r}
 import app
 t1 = time.perf_counter(); c1 = time.process_time()
 from sume_poller.wiring import {name} as wiring
-wiring.{entry}
+eval({entry!r}, vars(wiring))
 t2 = time.perf_counter(); c2 = time.process_time()
 import json
 print("BENCH_RESULT " + json.dumps({{"import_cpu": c1 - c0, "total": t2 - t0, "cpu": c2 - c0}}))
@@ -144,7 +144,7 @@ def _launches(build: Path) -> dict[str, Launch]:
         env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_SESSION_TOKEN": "testing", "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
                     "AWS_EC2_METADATA_DISABLED": "true"})
-        launches[name] = Launch(name, HANDLER.replace("{name}", name).replace("{entry}", entry),
+        launches[name] = Launch(name, HANDLER.replace("{name}", name).replace("{entry!r}", repr(entry)),
                                 _python_paths(spec), env)
     poll = launches["poll"]
     launches[FLOOR_NAME] = Launch(FLOOR_NAME, FLOOR, poll.paths, poll.env)
