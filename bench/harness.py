@@ -168,6 +168,7 @@ def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: 
     from sume_poller.settings import (
         Common,
         JobSettings,
+        KeySettings,
         LeaseSettings,
         PollSettings,
         RedisSettings,
@@ -179,7 +180,7 @@ def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: 
         result_bucket="unused", sume=SumeSettings(sume_url, "unused", "ssm"),
         redis=RedisSettings(redis_url, "standalone", None, prefix),
         lease=LeaseSettings(margin=3_600, claim_ttl=600, start_ttl=86_400), budget=budget,
-        jobs=JobSettings(max_age=max_age), schedule=schedule, discovery=discovery)
+        jobs=JobSettings(max_age=max_age), keys=KeySettings(), schedule=schedule, discovery=discovery)
 
 
 class DetachedQueue(PollQueue):
