@@ -25,6 +25,9 @@ Figures (column "ratio" is the number the target applies to):
   10        how many jobs one key serves at Sume's 120/min and 10,000/day: capacity by bisection (chains
             only, sweeps, webhooks) against the limit, 1,000 pending long jobs, two list-miss modes,
             bursts against the day budget (a virtual clock, bench/fig_capacity.py)
+  keys      one deployment serving many Sume keys: four keys' served/budget and 429s/attempts in one run,
+            and a key's p95 detection delay beside a key with 1,000 pending jobs / alone (a virtual
+            clock, bench/fig_keys.py)
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pathlib import Path
 from bench import ROOT, SCRATCH
 from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,7 +80,7 @@ def _selected(only: str) -> dict[str, str]:
     """{"1": "abc", "2": "", ...} from "1a,1c,2"."""
     chosen: dict[str, str] = {}
     for part in (p.strip() for p in only.split(",") if p.strip()):
-        figure, sub = re.fullmatch(r"(\d*)(.*)", part).groups()  # type: ignore[union-attr]
+        figure, sub = (part, "") if part in FIGURES else re.fullmatch(r"(\d*)(.*)", part).groups()  # type: ignore[union-attr]
         if figure not in FIGURES or (sub and (figure != "1" or set(sub) - set("abc"))):
             raise SystemExit(f"unknown figure {part!r}; figures are {', '.join(FIGURES)} (1a, 1b, 1c for one of 1)")
         chosen[figure] = chosen.get(figure, "") + (sub or "abc")
@@ -143,6 +146,9 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "10" in chosen:
         from bench import fig_capacity
         _guard(rows, "10 key capacity", "see 10", lambda: fig_capacity.measure(quick=quick, seed=args.seed))
+    if "keys" in chosen:
+        from bench import fig_keys
+        _guard(rows, "keys many keys", "see keys", lambda: fig_keys.measure(quick=quick, seed=args.seed))
     if "6" in chosen:
         from bench import fig_e2e
         if args.skip_e2e:
@@ -154,9 +160,12 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
 
 
 def _figure_key(row: Row) -> tuple[int, str]:
-    """Rows in figure order (1a, 1b, ..., 9); a figure's rows keep their order."""
+    """Rows in figure order (1a, 1b, ..., 10, then the named ones); a figure's rows keep their order."""
     match = re.match(r"(\d+)([a-z]?)", row.figure)
-    return (int(match[1]), match[2]) if match else (len(FIGURES) + 1, row.figure)
+    if match:
+        return int(match[1]), match[2]
+    name = row.figure.split(" ", 1)[0]
+    return (len(FIGURES) + FIGURES.index(name), "") if name in FIGURES else (2 * len(FIGURES), row.figure)
 
 
 def main(argv: list[str] | None = None) -> int:
