@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
                         "trials and shorter runs elsewhere, 40 submissions end to end")
     p.add_argument("--jobs", type=int, help="jobs per figure-1 run (default 200, --quick 60)")
     p.add_argument("--only", default=",".join(FIGURES),
-                   help="figures to run, e.g. 1,2 or 1a,1c,4 (default: all)")
+                   help="figures to run, e.g. 1,2 or 1a,1c,4 or keys (default: all)")
     p.add_argument("--seed", type=int, default=7, help="job plans, duplicate and crash choices")
     p.add_argument("--fanout-every", type=float, default=3.0, help="fan-out tick in figures 1b/1c (s)")
     p.add_argument("--crash-rate", type=float, default=0.05, help="share of crashing invocations in 1c")
