@@ -73,7 +73,7 @@ def _processors(svc: Services) -> dict[str, Callable[[dict[str, Any]], dict[str,
     from sume_poller.step import Deadline
 
     runner = runtime.poll_runner()
-    poller, queue = runner.poller, runner.queue
+    poller, queue = runner.pollers(None), runner.queue  # the default key's
 
     def poll(record: Any, deadline: Any) -> None:
         outcome = poller.process(parse_message(record.body), deadline)
