@@ -59,6 +59,10 @@ from .redisconn import lua_locals, script_args
 LANE_BURST = 8
 #: The day's reserve for jobs still to come: this share of the day budget, spread over the day.
 DAY_FLOOR = 0.05
+#: ``reserve_every`` of a budget whose day is a plain total, no reserve kept: the create budget.
+#: Submissions it cannot take wait in their key's queue in arrival order, so a floor kept for
+#: "jobs still to come" would only hold back the queue's head (later arrivals queue behind it).
+NO_DAY_RESERVE = -1.0
 MINUTE, DAY = 60.0, 86_400.0
 
 BUDGET_LUA = f"local LANE_BURST, DAY_FLOOR = {LANE_BURST}, {DAY_FLOOR}\n" + """
@@ -139,6 +143,7 @@ end
 -- the day's reserve, grants per ms: every pending job's safety cadence and the floor for jobs to
 -- come, never more than an evenly spent day keeps
 local function reserve_rate(limit, pending, every_ms)
+  if every_ms < 0 then return 0 end  -- no reserve (the create budget: its queue keeps what waits)
   if pending < 0 and every_ms > 0 then return limit / DAY end  -- not counted yet: an evenly spent day
   local rate = limit * DAY_FLOOR / DAY
   if every_ms > 0 and pending > 0 then rate = rate + pending / every_ms end
@@ -394,7 +399,8 @@ class Budget:
     """One budget (reads or creates): its hash and its lane's in Redis, in clock time. ``key``
     carries a hash tag (``...{reads}``) so that in cluster mode the lane (``key + ":lane"``) lives
     in the same slot. ``reserve_every``: the day reserve's safety cadence per pending job (clock
-    seconds; 0: none)."""
+    seconds; 0: none, the floor for jobs still to come alone; :data:`NO_DAY_RESERVE`: no reserve at
+    all, the day a plain total)."""
 
     def __init__(self, client: Any, key: str, per_minute: int, per_day: int, now: Callable[[], float],
                  early: float = 0.5, real_per_clock: float = 1.0, reserve_every: float = 900.0) -> None:

@@ -30,7 +30,9 @@ attempt wrote (results with signed URLs differ from fetch to fetch).
 
 Per-profile observations live in items keyed ``#stats:<profile>``
 (job ids never start with ``#``), one slot per job, so writing one twice changes nothing; the
-item ``#keys`` names every Sume key other than the default that jobs were recorded for.
+item ``#keys`` names every Sume key other than the default that jobs were recorded for. Queued
+submissions (``#q:...`` items in the index's ``q:<key>`` partitions) and submission records
+(``#sub:...``) are :mod:`sume_poller.createqueue`'s.
 
 Numbers come back from boto3's deserializer as ``Decimal``; :func:`plain` turns them into
 ``int`` or ``float`` at this boundary, so callers and the terminal event see plain JSON types.
@@ -370,6 +372,86 @@ class JobStore:
             kwargs["ExclusiveStartKey"] = start_key
         reply = self._ddb.query(**kwargs)
         return [from_item(i) for i in reply.get("Items", [])], reply.get("LastEvaluatedKey")
+
+    # -- the create queue (sume_poller.createqueue) ---------------------------------------------
+    def submission(self, key_id: str, idempotency_key: str) -> dict[str, Any] | None:
+        """The submission record of one idempotency key of one Sume key (strongly consistent)."""
+        from .createqueue import submission_id
+
+        return self.get(submission_id(key_id, idempotency_key))
+
+    def enqueue(self, item: dict[str, Any], submission: dict[str, Any]) -> bool:
+        """Queue a submission: its queue item and its record in one TransactWriteItems, each
+        conditional on not existing. False: a record of that idempotency key exists (a concurrent
+        duplicate won; nothing was written)."""
+        puts = [{"Put": {"TableName": self.table, "Item": to_attrs(i),
+                         "ConditionExpression": "attribute_not_exists(job_id)"}} for i in (item, submission)]
+        try:
+            self._ddb.transact_write_items(TransactItems=puts)
+        except Exception as exc:
+            if error_code(exc) != "TransactionCanceledException":
+                raise
+            reasons = getattr(exc, "response", {}).get("CancellationReasons") or []
+            if reasons and not any(r.get("Code") == "ConditionalCheckFailed" for r in reasons):
+                raise  # cancelled for another reason (a conflict with a transaction in flight): retry
+            return False
+        return True
+
+    def put_submission(self, record: dict[str, Any]) -> bool:
+        """Write a submission record created or rejected at once, over none or a queued one (the
+        queue item of a concurrent duplicate then finds it settled). False: already settled."""
+        from .createqueue import QUEUED
+
+        return self._conditional(self._ddb.put_item, TableName=self.table, Item=to_attrs(record),
+                                 ConditionExpression="attribute_not_exists(job_id) OR #s = :q",
+                                 ExpressionAttributeNames={"#s": "status"},
+                                 ExpressionAttributeValues=to_attrs({":q": QUEUED}))
+
+    def settle_submission(self, key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
+        """A queued submission is created or rejected: set ``values`` (status among them) while
+        the record is still queued by ``queue_item``. False: it was settled already."""
+        from .createqueue import QUEUED, submission_id
+
+        present = {k: v for k, v in values.items() if v is not None}
+        names = {f"#a{i}": k for i, k in enumerate(present)} | {"#s": "status"}
+        attrs = to_attrs({f":v{i}": v for i, v in enumerate(present.values())} | {":q": QUEUED, ":item": queue_item})
+        return self._conditional(
+            self._ddb.update_item, TableName=self.table,
+            Key=to_attrs({"job_id": submission_id(key_id, idempotency_key)}),
+            UpdateExpression="SET " + ", ".join(f"#a{i} = :v{i}" for i in range(len(present))),
+            ConditionExpression="#s = :q AND queue_item = :item", ExpressionAttributeNames=names,
+            ExpressionAttributeValues=attrs)
+
+    def queue_head(self, key_id: str, limit: int = 1, after: str | None = None) -> list[str]:
+        """The ids of a key's first ``limit`` queued submissions in arrival order (after ``after``):
+        one Query of the index (eventually consistent: a deleted item may still show)."""
+        from .createqueue import queue_shard
+
+        condition, values = "pending_shard = :p", {":p": queue_shard(key_id)}
+        if after is not None:
+            condition, values = condition + " AND job_id > :a", {**values, ":a": after}
+        reply = self._ddb.query(TableName=self.table, IndexName="pending", KeyConditionExpression=condition,
+                                ExpressionAttributeValues=to_attrs(values), Limit=limit)
+        return [str(from_item(i)["job_id"]) for i in reply.get("Items", [])]
+
+    def queue_ahead(self, key_id: str, item_id: str) -> int:
+        """How many of a key's queued submissions arrived before ``item_id`` (Select COUNT)."""
+        from .createqueue import queue_shard
+
+        kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending", "Select": "COUNT",
+                                  "KeyConditionExpression": "pending_shard = :p AND job_id < :i",
+                                  "ExpressionAttributeValues": to_attrs({":p": queue_shard(key_id), ":i": item_id})}
+        total = 0
+        while True:
+            reply = self._ddb.query(**kwargs)
+            total += int(reply.get("Count", 0))
+            if not reply.get("LastEvaluatedKey"):
+                return total
+            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+
+    def dequeue(self, item_id: str) -> None:
+        """The queued submission is settled: its item leaves the queue (already gone is fine)."""
+        self._ddb.delete_item(TableName=self.table, Key=to_attrs({"job_id": item_id}))
 
     # -- helpers ------------------------------------------------------------------------------
     def _update_or_old(self, **kwargs: Any) -> TerminalWrite:
