@@ -104,6 +104,10 @@ class FakeLease:
 
     prefix = "t:"
 
+    def held(self, job_ids: list[str]) -> list[bool]:
+        self._check()
+        return [j in self.values for j in job_ids]
+
     def start(self, job_id: str, token: str, ttl_ms: int) -> bool:
         self._check()
         if self.values.get(job_id) in (None, f"{token}:0"):
@@ -297,6 +301,42 @@ class FakeStore:
 
     def put_observation(self, profile: str, job_id: str, lower: float, upper: float | None, at: float) -> None:
         self.observations[profile][job_id] = (lower, upper, at)
+
+    # the create queue, as JobStore's conditions write it
+    def submission(self, key_id: str, idempotency_key: str) -> dict[str, Any] | None:
+        from sume_poller.createqueue import submission_id
+        return self.get(submission_id(key_id, idempotency_key))
+
+    def enqueue(self, item: dict[str, Any], submission: dict[str, Any]) -> bool:
+        if item["job_id"] in self.records or submission["job_id"] in self.records:
+            return False
+        self.records[item["job_id"]], self.records[submission["job_id"]] = dict(item), dict(submission)
+        return True
+
+    def put_submission(self, record: dict[str, Any]) -> bool:
+        old = self.records.get(record["job_id"])
+        if old is not None and old.get("status") != "queued":
+            return False
+        self.records[record["job_id"]] = {k: v for k, v in record.items() if v is not None}
+        return True
+
+    def settle_submission(self, key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
+        record = self.submission(key_id, idempotency_key)
+        if record is None or record.get("status") != "queued" or record.get("queue_item") != queue_item:
+            return False
+        self.records[record["job_id"]].update({k: v for k, v in values.items() if v is not None})
+        return True
+
+    def queue_head(self, key_id: str, limit: int = 1, after: str | None = None) -> list[str]:
+        ids = sorted(j for j, r in self.records.items() if r.get("pending_shard") == f"q:{key_id}"
+                     and (after is None or j > after))
+        return ids[:limit]
+
+    def queue_ahead(self, key_id: str, item_id: str) -> int:
+        return len([j for j in self.queue_head(key_id, 10**9) if j < item_id])
+
+    def dequeue(self, item_id: str) -> None:
+        self.records.pop(item_id, None)
 
 
 class FakeBus:

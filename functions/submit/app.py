@@ -1,5 +1,8 @@
-"""Submit function (direct invoke): start a paid Sume job with an Idempotency-Key, or register an
-already submitted job id; record it as pending and start its chain. See ``sume_poller.submit``."""
+"""Submit function: start a paid Sume job with an Idempotency-Key, or register an already
+submitted job id; record it as pending and start its chain (direct invoke). A submission the
+create budget cannot take now is queued, and the create queue's messages (its SQS event source)
+are the drain steps that create them in arrival order. See ``sume_poller.submit`` and
+``sume_poller.drain``."""
 
 from __future__ import annotations
 
@@ -14,10 +17,19 @@ from sume_poller.wiring import submit as wiring
 @logger.inject_lambda_context(clear_state=True)
 @traced
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    if isinstance(event, dict) and "Records" in event:  # the create queue: drain steps
+        report = wiring.drainer().run(event, context.get_remaining_time_in_millis)
+        for name, value in (("SubmissionsCreatedFromQueue", report.created), ("SubmissionsExpired", report.expired),
+                            ("SubmissionsRejectedFromQueue", report.rejected)):
+            if value:
+                metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+        return report.response()
     try:
         reply = wiring.submitter().handle(event, context.get_remaining_time_in_millis)
     except CreateBudgetExhausted:
         metrics.add_metric(name="CreateBudgetExhausted", unit=MetricUnit.Count, value=1)
         raise
     metrics.add_metric(name=f"Submit_{reply['status']}", unit=MetricUnit.Count, value=1)
+    if reply["status"] == "queued" and not reply["replayed"]:
+        metrics.add_metric(name="SubmissionsQueued", unit=MetricUnit.Count, value=1)
     return reply

@@ -17,6 +17,9 @@ Each scheduled tick:
    (a key whose budget binds never takes starts from another), and stops cleanly before its own
    timeout; the keys take turns at going first, so a short invocation serves each in turn.
 
+4. per key, a drain of its create queue that died (:mod:`sume_poller.drain`): a key whose queue
+   holds submissions while its drain lease is free gets a new drain (its first message, due now).
+
 While Redis is down it starts no chain (it cannot tell which jobs have one) but still sends
 the outbox jobs. Every tick counts each key's pending jobs for its budget (the max-gap backstop
 of the schedule's ordering and the sweeps' cost rule use it) and as the metric ``Pending`` per key.
@@ -59,6 +62,8 @@ class FanOutReport:
     skipped_unleased_chain: int = 0
     skipped_invalid: int = 0
     send_failed: int = 0
+    #: Drains of create queues restarted (a key's queue held submissions and no drain ran).
+    drains_started: int = 0
     allowance: float = 0.0
     pending_counted: int | None = None
     #: Per Sume key: its pending jobs and the chains started for it this tick.
@@ -104,7 +109,7 @@ class FanOut:
 
     def __init__(self, settings: FanOutSettings, store: JobStore, queue: PollQueue, lease: LeaseStore,
                  budget: Budget | None, remaining_ms: Callable[[], int], page_size: int = PAGE_SIZE, *,
-                 lanes: list[Lane] | None = None) -> None:
+                 lanes: list[Lane] | None = None, create_queue: PollQueue | None = None) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
         self.store = store
@@ -113,6 +118,7 @@ class FanOut:
         assert lanes or budget is not None, "a budget or lanes"
         self.lanes = lanes or [Lane(settings.keys.default_id, budget, lease.prefix)]  # type: ignore[arg-type]
         self.remaining_ms = remaining_ms
+        self.create_queue = create_queue
         self.page_size = page_size
         self.report = FanOutReport()
         self.lane = self.lanes[0]
@@ -131,7 +137,35 @@ class FanOut:
             self.lane = lane
             if not self._lane():
                 break
+        if self.create_queue is not None and not self.report.redis_unavailable:
+            self._drains()
         return self.report
+
+    def _drains(self) -> None:
+        """Restart each key's drain that died: its queue holds submissions, its drain lease is free."""
+        from .createqueue import DrainMessage, drain_lease
+
+        assert self.create_queue is not None
+        for lane in self.lanes:
+            if self._out_of_time():
+                return
+            if not self.store.queue_head(lane.key):
+                continue
+            token = new_token()
+            try:
+                if not self.lease.start(drain_lease(lane.key), token, self.s.lease.start_ttl * 1000):
+                    continue  # a drain runs
+            except RedisFailure as exc:
+                logger.warning("drain not restarted (Redis)", extra=describe(exc))
+                return
+            message = DrainMessage(token, 0, lane.key if lane.named else None)
+            if self.create_queue.send([Outgoing(lane.key, message.to_json(), 0.0)]):
+                with contextlib.suppress(*RedisFailure):
+                    self.lease.release(drain_lease(lane.key), f"{token}:0")
+                self.report.send_failed += 1
+                continue
+            logger.warning("a drain of the create queue had died; restarted", extra={"key": lane.key})
+            self.report.drains_started += 1
 
     def _lane(self) -> bool:
         """One key's chains; False when Redis cannot be asked (no key's chains can start)."""

@@ -396,6 +396,8 @@ class FanOutSettings(FunctionSettings):
     budget: BudgetSettings
     #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
     period: float = schedule_period("FANOUT_PERIOD_MINUTES")
+    #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
     safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
 
 
@@ -406,6 +408,10 @@ class SubmitSettings(SumeReaderSettings):
     #: Kinds whose create endpoint accepts ``webhook_url`` (empty: webhooks off).
     webhook_kinds: frozenset[str] = frozenset()
     webhook_url: str | None = None
+    #: The create queue (the drains' messages); empty: submissions never queue.
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    #: A queued submission not created this long after it arrived is rejected (clock seconds).
+    queue_deadline: float = setting("SUBMIT_QUEUE_DEADLINE_SECONDS", 3_600.0, 60.0, 86_400.0)
 
     @classmethod
     def read_own(cls, env: Env, common: Common) -> dict[str, Any]:

@@ -3,26 +3,38 @@
 The money path never depends on the lease. Every create carries an ``Idempotency-Key`` stable
 for the submission (the caller's, or derived from kind + params), so a retry of the same event
 - by this function, or by Lambda's own async retry - replays the original job instead of
-billing twice. A 402 is final. Creates take from the shared create budget; over it, the event
-fails with :class:`CreateBudgetExhausted`, which says when to retry (nothing is queued that
-could bill later without the caller knowing).
+billing twice. A 402 is final (and recorded, see below). Creates take from the key's create
+budget; a submission it cannot take now is *queued* (:mod:`sume_poller.createqueue`): kept in the
+job table and created later, in arrival order per key, by the key's drain - the reply says
+``queued``, with its idempotency key and an estimate of when it will be created. A queued
+submission past its deadline (``SUBMIT_QUEUE_DEADLINE_SECONDS``) is recorded rejected with
+``create_budget_exhausted``, never created. While a key's queue is not empty (or its drain runs), a
+new submission queues behind it even when the budget has a slot: arrival order. ``"queue": false``
+asks for the behaviour without a queue: over the budget the event fails with
+:class:`CreateBudgetExhausted`, which says when to retry.
+
+Every submission created, queued or rejected for good (402) has a *submission record*
+(``#sub:<key>:<idempotency key>``): a replay of it (same idempotency key, same Sume key) is
+answered from the table and takes nothing from the create budget.
 
 A recorded job gets its chain here: submit takes the lease (``token:0``) and sends the first
 poll message, so a fan-out tick during the first delay does not start a second chain.
 
 Event (direct invoke)::
 
-    {"kind": "image", "params": {...}, "idempotency_key": "optional-8-255-chars", "key": "acme"}
+    {"kind": "image", "params": {...}, "idempotency_key": "optional-8-255-chars", "key": "acme", "queue": true}
     {"kind": "video", "job_id": "job_abc", "key": "acme"}   # register an already submitted job
 
 ``key`` names the Sume key (:mod:`sume_poller.keys`) to create with and watch under (its create
 budget, its API key); absent: the deployment's default key. An unknown key is rejected.
 
-Reply: ``{"status": "submitted" | "registered" | "rejected", "job_ids": [...], "new": [...],
-"replayed": bool, ...}``. ``replayed`` is true when no new job was started: Sume answered with
-the job of an earlier request with the same key (for a derived key: the same kind and params,
-submitted before), or the job was already recorded. Invalid input and final refusals come back
-as ``rejected``; only transient failures raise (:class:`SubmitRetryable`).
+Reply: ``{"status": "submitted" | "queued" | "registered" | "rejected", "job_ids": [...],
+"new": [...], "replayed": bool, ...}`` (``queued`` adds ``estimated_create_at`` and
+``deadline_at``, epoch s). ``replayed`` is true when no new job was started: the submission was
+recorded already (answered from its record), Sume answered with the job of an earlier request
+with the same key (for a derived key: the same kind and params, submitted before), or the job
+was already recorded. Invalid input and final refusals come back as ``rejected``; only transient
+failures raise (:class:`SubmitRetryable`, :class:`CreateBudgetExhausted` with ``"queue": false``).
 """
 
 from __future__ import annotations
@@ -38,6 +50,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from .budget import Budget, Grant, LocalPacer
+from .createqueue import (
+    CREATED,
+    QUEUED,
+    REJECTED,
+    DrainMessage,
+    drain_lease,
+    estimate_create_at,
+    queue_item,
+    queued_record,
+    settled_record,
+)
 from .jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
 from .keys import Limits, SumeKey, UnknownKey
 from .lease import LeaseStore, new_token
@@ -49,6 +72,10 @@ from .schedule import Bounds, next_delay, profile_key
 from .settings import SubmitSettings
 from .store import JobStore
 from .sume import Created, Refused, Retryable, SumeClient
+
+#: Refusals final for the submission, recorded on its submission record: a replay answers them
+#: from the table. (A refused key or a forbidden workspace is the key's, not the submission's.)
+RECORDED_REFUSALS = ("credits",)
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_\-:.]{8,255}$")
 MAX_PARAMS_BYTES = 64_000
@@ -109,7 +136,7 @@ def one_key(sume: SumeClient, creates: Budget, pacer: LocalPacer, key_id: str = 
 class Submitter:
     def __init__(self, settings: SubmitSettings, *, keys: Callable[[str | None], SubmitKey], store: JobStore,
                  queue: PollQueue, lease: LeaseStore, models: Callable[[str, str], Any] | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, create_queue: PollQueue | None = None) -> None:
         self.s = settings
         self.clock = settings.common.clock
         self.keys = keys
@@ -121,6 +148,8 @@ class Submitter:
         self.bounds = Bounds(settings.schedule.min_interval, settings.schedule.max_interval,
                              settings.schedule.age_fraction)
         self.sleep = sleep
+        #: The drains' queue (None: no queue here; every submission behaves as ``"queue": false``).
+        self.create_queue = create_queue
 
     def handle(self, event: Any, remaining_ms: Callable[[], int]) -> dict[str, Any]:
         if not isinstance(event, dict):
@@ -157,13 +186,116 @@ class Submitter:
         if not isinstance(key, str) or not IDEMPOTENCY_KEY_RE.fullmatch(key):
             return _rejected("idempotency_key must be 8-255 characters of A-Z a-z 0-9 _ - : .")
         logger.append_keys(idempotency_key=key)
+        queue = event.get("queue", True)
+        if not isinstance(queue, bool):
+            return _rejected("queue must be true or false")
+        replay = self.replay(k, key)
+        if replay is not None:
+            return replay
         if kind in self.s.webhook_kinds and self.s.webhook_url:
             params = {**params, "webhook_url": self.s.webhook_url}
-        outcome = self._create(k, kind, params, key, remaining_ms)
+        derived = "idempotency_key" not in event
+        queue = queue and self.create_queue is not None
+        if queue and self._queue_busy(k):  # arrival order: behind those already waiting
+            return self._enqueue(k, kind, params, key, derived)
+        try:
+            outcome = self._create(k, kind, params, key, remaining_ms)
+        except CreateBudgetExhausted:
+            if not queue:
+                raise
+            return self._enqueue(k, kind, params, key, derived)
         if isinstance(outcome, Refused):
-            return _rejected(outcome.code or outcome.why, http_status=outcome.http_status,
-                             request_id=outcome.request_id, idempotency_key=key)
-        return self._submitted(k, kind, params, key, outcome, derived="idempotency_key" not in event)
+            return self._refused(k, kind, key, outcome, derived)
+        reply = self.record_created(k, kind, params, key, outcome, derived)
+        if reply["status"] == "submitted":
+            self.store.put_submission(settled_record(k.key.id, kind, key, CREATED, now=self.clock.now(),
+                                                     derived=derived, job_ids=reply["job_ids"],
+                                                     request_id=outcome.request_id))
+        return reply
+
+    # -- the create queue ---------------------------------------------------------------------------
+    def replay(self, k: SubmitKey, key: str) -> dict[str, Any] | None:
+        """The answer to a submission recorded already (created, queued or rejected), from its
+        submission record; None when there is none."""
+        record = self.store.submission(k.key.id, key)
+        if record is None:
+            return None
+        status = record.get("status")
+        base = {"job_ids": list(record.get("job_ids") or []), "new": [], "replayed": True, "key": k.key.id,
+                "idempotency_key": key, "derived_key": bool(record.get("derived_key"))}
+        logger.info("submission replayed from its record", extra={"submission_status": status})
+        if status == CREATED:
+            return {"status": "submitted", **base, "request_id": record.get("request_id")}
+        if status == QUEUED:
+            return {"status": "queued", **base, "deadline_at": record.get("deadline_at"),
+                    "estimated_create_at": self._estimate(k, str(record.get("queue_item", "")))}
+        error = record.get("error") or {}
+        return {"status": REJECTED, **base, "error": error.get("code") if isinstance(error, dict) else error,
+                **{f: record[f] for f in ("http_status", "request_id", "message") if record.get(f) is not None}}
+
+    def _queue_busy(self, k: SubmitKey) -> bool:
+        """The key's queue holds submissions, or its drain runs: a new one queues behind them."""
+        try:
+            if self.lease.held([drain_lease(k.key.id)])[0]:
+                return True
+        except RedisFailure as exc:
+            logger.warning("drain lease not read (Redis); the queue's index decides", extra=describe(exc))
+        return bool(self.store.queue_head(k.key.id))
+
+    def _enqueue(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str, derived: bool) -> dict[str, Any]:
+        """Queue the submission (its item and record in one transaction), start the key's drain."""
+        now = self.clock.now()
+        item = queue_item(k.key.id, kind=kind, params=params, idempotency_key=key, derived=derived, arrived=now,
+                          deadline_at=now + self.s.queue_deadline)
+        if not self.store.enqueue(item, queued_record(item)):  # a duplicate of it came first
+            replay = self.replay(k, key)
+            if replay is None:
+                raise SubmitRetryable("a duplicate of this submission was recorded concurrently; retry the same event")
+            return replay
+        self.start_drain(k.key.id, k.message_key)
+        estimate = self._estimate(k, item["job_id"])
+        logger.info("submission queued", extra={"queue_item": item["job_id"], "estimated_create_at": estimate})
+        return {"status": QUEUED, "job_ids": [], "new": [], "replayed": False, "key": k.key.id,
+                "idempotency_key": key, "derived_key": derived, "estimated_create_at": estimate,
+                "deadline_at": item["deadline_at"]}
+
+    def start_drain(self, key_id: str, message_key: str | None) -> bool:
+        """Start the key's drain if none runs (its lease is free): its first message, due now."""
+        token = new_token()
+        try:
+            if not self.lease.start(drain_lease(key_id), token, self.s.lease.start_ttl * 1000):
+                return False
+        except RedisFailure as exc:
+            logger.warning("drain not started (Redis); fan-out starts it", extra=describe(exc))
+            return False
+        assert self.create_queue is not None
+        if self.create_queue.send([Outgoing(key_id, DrainMessage(token, 0, message_key).to_json(), 0.0)]):
+            logger.warning("drain message not sent; fan-out starts the drain", extra={"key": key_id})
+            with contextlib.suppress(*RedisFailure):
+                self.lease.release(drain_lease(key_id), f"{token}:0")
+            return False
+        return True
+
+    def _estimate(self, k: SubmitKey, item_id: str) -> int:
+        """When the queued submission ``item_id`` should be created (epoch s, see
+        :func:`~sume_poller.createqueue.estimate_create_at`)."""
+        now = self.clock.now()
+        ahead = self.store.queue_ahead(k.key.id, item_id) if item_id else 0
+        try:
+            first, state = k.creates.take(mode="peek").wait, k.creates.state()
+        except RedisFailure:
+            first, state = 0.0, {}
+        return math.ceil(estimate_create_at(now, ahead, first, k.creates.per_minute, k.creates.per_day, state))
+
+    def _refused(self, k: SubmitKey, kind: str, key: str, refused: Refused, derived: bool) -> dict[str, Any]:
+        """A create Sume refused: a 402 is recorded for the caller (a replay answers it)."""
+        if refused.why in RECORDED_REFUSALS:
+            self.store.put_submission(settled_record(
+                k.key.id, kind, key, REJECTED, now=self.clock.now(), derived=derived,
+                error={"code": refused.code or refused.why, "message": refused.message or ""},
+                http_status=refused.http_status, request_id=refused.request_id))
+        return _rejected(refused.code or refused.why, http_status=refused.http_status,
+                         request_id=refused.request_id, idempotency_key=key)
 
     def _create(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str,
                 remaining_ms: Callable[[], int]) -> Created | Refused:
@@ -199,8 +331,9 @@ class Submitter:
         if not grant.now:
             raise CreateBudgetExhausted(max(grant.wait, 1.0))
 
-    def _submitted(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str, created: Created,
-                   derived: bool) -> dict[str, Any]:
+    def record_created(self, k: SubmitKey, kind: str, params: dict[str, Any], key: str, created: Created,
+                       derived: bool) -> dict[str, Any]:
+        """Record what a create started (each job pending, its chain started); the reply."""
         new: list[str] = []
         job_ids: list[str] = []
         for raw_id in created.job_ids:

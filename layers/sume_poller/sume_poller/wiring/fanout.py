@@ -44,4 +44,6 @@ def fanout(remaining_ms: Callable[[], int]) -> FanOut:
     """A fan-out run for one invocation (its parts are built once per container)."""
     s, store, queue, lease, ring, check = parts()
     checked(check)
-    return FanOut(s, store, queue, lease, None, remaining_ms, lanes=lanes(s, store, lease, ring))
+    create_queue = PollQueue(s.create_queue_url, s.common.clock) if s.create_queue_url else None
+    return FanOut(s, store, queue, lease, None, remaining_ms, lanes=lanes(s, store, lease, ring),
+                  create_queue=create_queue)
