@@ -14,6 +14,7 @@ SUME_TEMPLATE=/tmp/old.yaml pytest ...``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -207,7 +208,8 @@ def test_log_level_is_one_name_lambda_powertools_and_python_share() -> None:
 
 # -- item 12: every queue can be sent to; the key's users are granted -----------------------------------
 
-QUEUES = ("PollQueue", "PollDeadLetterQueue", "FailedInvocationsQueue", "TerminalEventsQueue")
+QUEUES = ("PollQueue", "PollDeadLetterQueue", "CreateQueue", "CreateDeadLetterQueue", "FailedInvocationsQueue",
+          "TerminalEventsQueue")
 
 
 @pytest.mark.parametrize("key", ["", KEY], ids=["sse-sqs", "cmk"])
@@ -464,6 +466,12 @@ def test_dead_letters_outlive_the_messages_they_were() -> None:
     assert retention["PollDeadLetterQueue"] == retention["FailedInvocationsQueue"] == 14 * 86400
     # A message keeps its first enqueue time in the DLQ: it must have time left there.
     assert retention["PollDeadLetterQueue"] - retention["PollQueue"] >= 7 * 86400
+    assert (retention["CreateQueue"], retention["CreateDeadLetterQueue"]) == (retention["PollQueue"],
+                                                                              retention["PollDeadLetterQueue"])
+    for queue, dead_letters in (("PollQueue", "PollDeadLetterQueue"), ("CreateQueue", "CreateDeadLetterQueue")):
+        redrive = RESOURCES[queue]["Properties"]["RedrivePolicy"]
+        assert redrive["deadLetterTargetArn"] == {"Fn::GetAtt": [dead_letters, "Arn"]}
+        assert redrive["maxReceiveCount"] > 1
     # The queue-age alarm can fire only on a message still retained.
     assert PARAMETERS["QueueAgeAlarmSeconds"]["MaxValue"] < retention["PollQueue"]
 
@@ -538,11 +546,26 @@ def test_no_role_gets_a_wildcard_policy_its_feature_does_not_need(case: str) -> 
                 resource = statement["Resource"]
                 assert "*" not in (resource if isinstance(resource, list) else [resource]), f"{lid}: {statement}"
 
-    poll = role_statements(r, "PollFunction")
-    queue = r.mappings["PollFunction"]["EventSourceArn"]
-    for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes", "sqs:ChangeMessageVisibility",
-                   "sqs:SendMessage"):
-        assert grants(poll, action, queue), action
+    for function in ("PollFunction", "SubmitFunction"):  # each consumes its queue and sends its next steps to it
+        statements = role_statements(r, function)
+        queue = r.mappings[function]["EventSourceArn"]
+        for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes",
+                       "sqs:ChangeMessageVisibility", "sqs:SendMessage"):
+            assert grants(statements, action, queue), (function, action)
+
+
+def test_the_create_queue_is_drained_by_submit_alone_and_fan_out_may_restart_its_drains() -> None:
+    r = resolver()
+    create_queue = r.mappings["SubmitFunction"]["EventSourceArn"]
+    assert int(r.mappings["SubmitFunction"]["BatchSize"]) == 1  # one drain step (at most one create) per invocation
+    assert grants(role_statements(r, "FanOutFunction"), "sqs:SendMessage", create_queue)  # restarts dead drains
+    assert not any(grants(role_statements(r, f), "sqs:ReceiveMessage", create_queue) for f in r.functions
+                   if f != "SubmitFunction")
+    submit = role_statements(r, "SubmitFunction")
+    table = r.outputs["JobsTableArn"]
+    for action in ("dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:UpdateItem", "dynamodb:GetItem"):
+        assert grants(submit, action, table), action  # enqueue's TransactWriteItems is Puts: PutItem
+    assert grants(submit, "dynamodb:Query", f"{table}/index/pending")
 
 
 # -- what the layer needs from the template (item 10 and the result stream) --------------------------------
@@ -555,6 +578,28 @@ def test_the_claim_ttl_fits_between_the_poll_timeout_and_the_queues_visibility_t
     assert PARAMETERS["ClaimTtlSeconds"]["MaxValue"] == visibility - timeout == settings.CLAIM_TTL_MAX_SECONDS
     assert PARAMETERS["ClaimTtlSeconds"]["MinValue"] > timeout
     assert str(visibility - timeout) in PARAMETERS["ClaimTtlSeconds"]["Description"]
+    # The drains of the create queue use the same claim: the same visibility, the submit function's timeout.
+    assert int(RESOURCES["CreateQueue"]["Properties"]["VisibilityTimeout"]) == visibility
+    assert int(function_props("SubmitFunction").get("Timeout", TEMPLATE["Globals"]["Function"]["Timeout"])) <= timeout
+    variables = function_props("SubmitFunction")["Environment"]["Variables"]
+    assert variables["CLAIM_TTL_SECONDS"] == {"Ref": "ClaimTtlSeconds"}
+
+
+def test_the_queue_deadline_parameter_is_what_the_submit_function_accepts() -> None:
+    parameter = PARAMETERS["SubmitQueueDeadlineSeconds"]
+    variables = function_props("SubmitFunction")["Environment"]["Variables"]
+    assert variables["SUBMIT_QUEUE_DEADLINE_SECONDS"] == {"Ref": "SubmitQueueDeadlineSeconds"}
+    assert variables["CREATE_QUEUE_URL"] == {"Ref": "CreateQueue"}
+    assert function_props("FanOutFunction")["Environment"]["Variables"]["CREATE_QUEUE_URL"] == {"Ref": "CreateQueue"}
+    field = next(f for f in dataclasses.fields(settings.SubmitSettings) if f.name == "queue_deadline")
+    assert (parameter["MinValue"], parameter["MaxValue"], parameter["Default"]) == (
+        field.metadata["low"], field.metadata["high"], field.default)
+    alarms = {lid: r["Properties"] for lid, r in RESOURCES.items() if r["Type"] == "AWS::CloudWatch::Alarm"}
+    assert alarms["SubmissionsExpiredAlarm"]["MetricName"] == "SubmissionsExpired"
+    assert alarms["CreateDeadLetterAlarm"]["Dimensions"] == [
+        {"Name": "QueueName", "Value": {"Fn::GetAtt": ["CreateDeadLetterQueue", "QueueName"]}}]
+    handler = (ROOT / "functions" / "submit" / "app.py").read_text()
+    assert '"SubmissionsExpired"' in handler and '"SubmissionsQueued"' in handler
 
 
 def test_the_poll_function_may_stream_results_and_is_told_their_limit() -> None:

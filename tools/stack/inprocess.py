@@ -5,7 +5,8 @@ Starting it creates the template in moto (tools.template), stores the Sume key w
 reads it, sets this process's environment to the functions' (as moto's Lambda reports them) and
 loads each handler. It then plays what moto does not run: the poll function's SQS event source
 mapping (:meth:`pump`, :meth:`deliver`: receive up to the mapping's BatchSize, invoke, delete what
-succeeded; DelaySeconds and the redrive policy are moto's own) and the schedules (:meth:`drive`).
+succeeded; DelaySeconds and the redrive policy are moto's own), the submit function's on the
+create queue (:meth:`pump_creates`: the drains of queued submissions) and the schedules (:meth:`drive`).
 
 Test hooks: ``receive()`` and ``deliver(messages, duplicate=True)`` (each message twice in one
 batch) play the event source by hand; ``make_visible(messages)`` ends their visibility timeout;
@@ -149,6 +150,9 @@ class InProcessStack(Stack):
         self._next_schedule = time.monotonic() + self.schedule_period
         mapping = self.created.mappings["PollFunction"]
         self.batch_size, self.queue_arn = int(mapping["BatchSize"]), str(mapping["EventSourceArn"])
+        creates = self.created.mappings.get("SubmitFunction")  # the create queue's drains
+        self.create_batch_size = int(creates["BatchSize"]) if creates else 0
+        self.create_queue_arn = str(creates["EventSourceArn"]) if creates else ""
         if (bus := self.parameters.get("EventBusName", "default")) != "default":
             client("events").create_event_bus(Name=bus)
         self._connect(client, self.created.outputs)
@@ -268,6 +272,39 @@ class InProcessStack(Stack):
             self.make_visible([m for m in messages if m["MessageId"] in failed])
         return Delivery(messages, self.last_report, failed)
 
+    def pump_creates(self) -> bool:
+        """One event-source cycle of the create queue: receive up to its mapping's BatchSize, invoke
+        the submit function with them, delete what succeeded. False when nothing was received."""
+        if not self.create_batch_size:
+            return False
+        sqs, url = self.client("sqs"), self.outputs["CreateQueueUrl"]
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=self.create_batch_size,
+                                       AttributeNames=["All"]).get("Messages", [])
+        if not messages:
+            return False
+        records = [{"messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
+                    "attributes": dict(m.get("Attributes", {})), "eventSource": "aws:sqs",
+                    "eventSourceARN": self.create_queue_arn, "awsRegion": REGION} for m in messages]
+        try:
+            reply = self.invoke("SubmitFunction", {"Records": records})
+            failed = {f["itemIdentifier"] for f in reply.get("batchItemFailures", [])}
+        except KeyboardInterrupt:
+            raise
+        except BaseException as crash:  # as in Lambda: the whole batch stays
+            self.crashes += 1
+            self.last_crash = crash
+            failed = {m["MessageId"] for m in messages}
+        self.expect_visible(1.0)  # a drain's wait: whole real seconds of SQS DelaySeconds
+        done = [m for m in messages if m["MessageId"] not in failed]
+        if done:
+            sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                                                            for i, m in enumerate(done)])
+        if failed and self.fast_retry:
+            sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                for i, m in enumerate(m for m in messages if m["MessageId"] in failed)])
+        return True
+
     def send(self, body: str, delay_seconds: int = 0) -> None:
         super().send(body, delay_seconds)
         self.expect_visible(delay_seconds)
@@ -306,9 +343,10 @@ class InProcessStack(Stack):
             if time.monotonic() >= self._next_schedule:
                 self.run_schedules()
                 self._next_schedule = time.monotonic() + period
+            drained = self.pump_creates()
             if messages := self.receive():  # one event-source cycle
                 self.deliver(messages, duplicate=duplicate)
-            else:
+            elif not drained:
                 time.sleep(max(0.0, min(self.idle_wait(), left, self._next_schedule - time.monotonic())))
 
         def describe() -> str:
