@@ -42,6 +42,7 @@ import pytest
 import redis
 from invoke_endpoint import InvokeEndpoint
 
+from sume_poller.createqueue import DrainMessage, queue_item, queued_record
 from sume_poller.store import JobStore
 from sume_poller.sweep import MIN_JOBS_PER_READ, STATUSES
 from tools.services import MotoServer
@@ -70,6 +71,7 @@ INVOKED = {
     "poll_message_v1.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
     "poll_malformed.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
     "poll_result_phase.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
+    "sqs_create_drain.json": "test_a_drain_step_creates_the_queue_head_and_sends_the_next_step",
     "fanout_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
     "sweep_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
     "webhook_delivery.json": "test_a_re_signed_webhook_delivery_is_accepted_and_a_bad_signature_refused",
@@ -252,6 +254,38 @@ def test_poll_events_read_once_requeue_finish_and_report_poison(stack: InProcess
     assert [e["job_id"] for e in stack.sink.drain(wait_seconds=5)] == [result["job_id"]]
     assert stack.queue_depth() == 3  # the three re-queued steps
     assert all(stack.record(b["job_id"])["status"] == "pending" for b in (v2, v1, poison_ok))  # type: ignore[index]
+
+
+def test_a_drain_step_creates_the_queue_head_and_sends_the_next_step(stack: InProcessStack, invoke: Any,
+                                                                    rdb: redis.Redis) -> None:
+    # A submission queued on the default key (as submit queues one), its drain's message lost.
+    store = JobStore(stack.outputs["JobsTableName"], 1)
+    now = stack.clock.now()
+    item = queue_item("default", kind="image", params={"prompt": "queued", "sim": {"duration": 600}},
+                      idempotency_key="example-queued-0001", derived=False, arrived=now - 5, deadline_at=now + 3600)
+    assert store.enqueue(item, queued_record(item))
+    assert event_drain().key is None  # the sample is the default key's: it names none
+
+    result = invoke("SubmitFunction", "sqs_create_drain.json")
+
+    assert ok(result) == {"batchItemFailures": []}
+    record = store.submission("default", "example-queued-0001")
+    assert record is not None and record["status"] == "created" and len(record["job_ids"]) == 1
+    (job_id,) = record["job_ids"]
+    assert stack.record(job_id)["status"] == "pending"  # type: ignore[index]
+    assert stack.sim.stats()["creates"] == 1 and store.get(item["job_id"]) is None  # created once, dequeued
+    assert re.fullmatch(r"[0-9a-f]{32}:0", lease(rdb, job_id) or "") and stack.queue_depth() == 1  # its chain
+    # The lease was free (the sample's chain is long gone): the step ran as a fresh drain and rests on step 1.
+    assert re.fullmatch(r"[0-9a-f]{32}:1", lease(rdb, "!drain:default") or "")
+    sqs = stack.client("sqs")
+    (next_step,) = sqs.receive_message(QueueUrl=stack.outputs["CreateQueueUrl"], WaitTimeSeconds=1)["Messages"]
+    message = DrainMessage.parse(next_step["Body"])
+    assert (message.token, message.seq, message.key) == (lease(rdb, "!drain:default")[:32], 1, None)  # type: ignore[index]
+    assert result.metrics().get("SubmissionsCreatedFromQueue") == 1
+
+
+def event_drain() -> DrainMessage:
+    return DrainMessage.parse(json.loads((EVENTS / "sqs_create_drain.json").read_text())["Records"][0]["body"])
 
 
 def test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over(
