@@ -1,0 +1,136 @@
+"""Fault rows of submissions that queue (issue 23, part 3), on the in-process stack (real
+redis-server, moto server, the Sume simulator enforcing the key's create limits).
+
+* A queued submission past its deadline is recorded ``rejected`` with ``create_budget_exhausted``
+  and never created, then or later. The key's day budget is spent (3 creates a day, the simulator
+  enforcing the same, Sume's 10 a minute), so what waits behind it cannot be created before its
+  deadline (``SubmitQueueDeadlineSeconds`` at its minimum, 60 clock seconds).
+* A drain step that fails after its create (before it settles the submission) is delivered again;
+  the next create of that head replays its Idempotency-Key: one job, billed once.
+* A drain that died (its message lost, its lease expired) is restarted by fan-out.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from scenario import FAST_LEASES, stack_fixtures
+
+from sume_poller.createqueue import CREATED, EXPIRED, QUEUED, REJECTED, submission_id
+from tools.stack.inprocess import InProcessStack
+
+pytestmark = pytest.mark.integration
+
+SCALE = 0.05
+PER_DAY = 3
+DEADLINE = 60
+PARAMETERS = {"CreatesPerMinute": 10, "CreatesPerDay": PER_DAY, "SubmitQueueDeadlineSeconds": DEADLINE,
+              "ReadsPerMinute": 0, "ReadsPerDay": 0}
+
+module_stack, stack = stack_fixtures(SCALE, PARAMETERS, FAST_LEASES,
+                                     sim_options={"create_budget": {"per_minute": 10, "per_day": PER_DAY}})
+
+
+def event(i: int) -> dict[str, Any]:
+    return {"kind": "image", "idempotency_key": f"fault-{i:04d}-{uuid.uuid4().hex[:8]}",
+            "params": {"prompt": f"fault {i}", "sim": {"duration": 2}}}
+
+
+def submission(stack: InProcessStack, key: str) -> dict[str, Any]:
+    record = stack.table.get(submission_id("default", key))
+    assert record is not None, key
+    return record
+
+
+def settled(stack: InProcessStack, keys: list[str]) -> bool:
+    return all(submission(stack, k)["status"] != QUEUED for k in keys)
+
+
+def drain_idle(stack: InProcessStack) -> bool:
+    """No drain runs (its lease is free) and no step of one waits in the create queue."""
+    from tools.stack.base import queue_depth
+
+    with redis.Redis.from_url(stack.redis_url) as rdb:
+        free = not rdb.exists("sume:poll:!drain:default")
+    return free and queue_depth(stack.client("sqs"), stack.outputs["CreateQueueUrl"]) == 0
+
+
+def test_a_queued_submission_past_its_deadline_is_rejected_and_never_created(stack: InProcessStack) -> None:
+    events = [event(i) for i in range(PER_DAY + 3)]
+    replies = [stack.submit(e) for e in events]
+    keys = [e["idempotency_key"] for e in events]
+    assert [r["status"] for r in replies] == ["submitted"] + ["queued"] * (len(events) - 1)
+    # The estimate knows the day is spent after PER_DAY creates: those behind wait for the next day window.
+    assert all(r["estimated_create_at"] > r["deadline_at"] for r in replies[PER_DAY:])
+
+    stack.drive(lambda: settled(stack, keys), timeout=60, fanout_every=1.0)
+    stack.drive(lambda: drain_idle(stack), timeout=30, fanout_every=1.0)
+    stack.run_schedules()  # fan-out finds nothing left to restart
+
+    records = [submission(stack, k) for k in keys]
+    assert [r["status"] for r in records] == [CREATED] * PER_DAY + [REJECTED] * 3
+    for record in records[PER_DAY:]:
+        assert record["error"]["code"] == EXPIRED == "create_budget_exhausted"
+        assert record["settled_at"] >= record["deadline_at"] and record["job_ids"] == []
+    stats = stack.sim.stats()
+    assert stats["creates"] == stats["create_requests"] == PER_DAY  # never created: not even asked
+    assert stack.metric_totals()["SubmissionsExpired"] == 3
+    assert drain_idle(stack) and stack.table.pending_page("q:default", None)[0] == []
+
+    again = stack.submit(events[-1])  # a replay of an expired one: answered from the table
+    assert (again["status"], again["error"], again["replayed"]) == ("rejected", EXPIRED, True)
+    assert stack.sim.stats()["create_requests"] == PER_DAY
+
+
+def test_a_drain_step_failing_after_its_create_is_billed_once(stack: InProcessStack) -> None:
+    from sume_poller.wiring import submit as wiring
+
+    # Two submissions: the repeated create takes a slot of the key's day budget too (3 here).
+    events = [event(i) for i in range(2)]
+    replies = [stack.submit(e) for e in events]
+    assert [r["status"] for r in replies] == ["submitted", "queued"]
+    store = wiring.drainer().store
+    settle, failed = store.settle_submission, []
+
+    def fail_once(*args: Any, **kwargs: Any) -> bool:
+        if not failed:
+            failed.append(args)
+            raise RuntimeError("injected: the step dies after its create, before it settles")
+        return settle(*args, **kwargs)
+
+    store.settle_submission = fail_once  # type: ignore[method-assign]
+    try:
+        keys = [e["idempotency_key"] for e in events]
+        stack.drive(lambda: settled(stack, keys), timeout=60, fanout_every=1.0)
+    finally:
+        del store.settle_submission  # the class's method again
+    assert failed, "the fault was injected"
+    stats = stack.sim.stats()
+    # The failed step's head was created again with its Idempotency-Key: Sume replayed it.
+    assert (stats["creates"], stats["replays"]) == (2, 1)
+    records = [submission(stack, e["idempotency_key"]) for e in events]
+    assert all(r["status"] == CREATED for r in records)
+    assert len({j for r in records for j in r["job_ids"]}) == 2
+    assert len(stack.records()) == 2  # two jobs watched, none twice
+
+
+def test_fan_out_restarts_a_drain_that_died(stack: InProcessStack) -> None:
+    events = [event(i) for i in range(3)]
+    assert [stack.submit(e)["status"] for e in events] == ["submitted", "queued", "queued"]
+    # The drain dies: its message is lost and its lease expires.
+    stack.client("sqs").purge_queue(QueueUrl=stack.outputs["CreateQueueUrl"])
+    with redis.Redis.from_url(stack.redis_url) as rdb:
+        assert rdb.delete("sume:poll:!drain:default") == 1
+
+    report = stack.fanout()
+    assert report["drains_started"] == 1
+    assert stack.fanout()["drains_started"] == 0  # one drain per key: the next tick finds it running
+
+    keys = [e["idempotency_key"] for e in events]
+    stack.drive(lambda: settled(stack, keys), timeout=60, fanout_every=1.0)
+    order = [submission(stack, k)["job_ids"][0] for k in keys]
+    assert [j for j in stack.sim.stats()["jobs"] if j in order] == order
+    assert stack.sim.stats()["creates"] == 3
