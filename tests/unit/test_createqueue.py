@@ -1,0 +1,278 @@
+"""Submissions that queue, through fakes: the create queue's names, drain message and estimate
+(createqueue.py), submit's queue decisions (submit.py) and the drain's steps (drain.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume, retry
+
+from sume_poller.budget import Grant
+from sume_poller.createqueue import (
+    CREATED,
+    EXPIRED,
+    QUEUED,
+    REJECTED,
+    DrainMessage,
+    DrainMessageError,
+    drain_lease,
+    estimate_create_at,
+    queue_item_id,
+    submission_id,
+)
+from sume_poller.drain import Drainer, DrainReport
+from sume_poller.settings import SubmitSettings
+from sume_poller.submit import CreateBudgetExhausted, Submitter, one_key
+from sume_poller.sume import Created, Refused
+
+ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
+       "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379", "CREATE_QUEUE_URL": "cq",
+       "SUBMIT_QUEUE_DEADLINE_SECONDS": "600"}
+TOKEN = "ab" * 16
+
+
+# -- createqueue.py --------------------------------------------------------------------------------------
+
+
+def test_a_drain_message_round_trips_and_names_only_a_key_other_than_the_default() -> None:
+    default = DrainMessage(TOKEN, 3)
+    assert json.loads(default.to_json()) == {"drain": True, "token": TOKEN, "seq": 3, "errors": 0, "v": 1}
+    assert DrainMessage.parse(default.to_json()) == default
+    named = DrainMessage(TOKEN, 4, "acme", errors=2, slot=1_800_000_007.5)
+    assert DrainMessage.parse(named.to_json()) == named
+
+
+@pytest.mark.parametrize("body", [
+    "not json", "[]", json.dumps({"token": TOKEN, "v": 1}),  # not a drain message
+    json.dumps({"drain": True, "token": TOKEN, "v": 2}),  # another version
+    json.dumps({"drain": True, "token": TOKEN, "v": 1, "job_id": "x"}),  # a field it does not know
+    json.dumps({"drain": True, "token": "short", "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "key": "no spaces", "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "seq": -1, "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "seq": True, "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "errors": 1.5, "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "slot": -3, "v": 1}),
+    json.dumps({"drain": True, "token": TOKEN, "slot": "soon", "v": 1}),
+])
+def test_a_malformed_drain_message_is_poison(body: str) -> None:
+    with pytest.raises(DrainMessageError):
+        DrainMessage.parse(body)
+
+
+def test_queue_items_sort_in_arrival_order_and_two_in_one_millisecond_differ() -> None:
+    ids = [queue_item_id("acme", t, f"order-{n:04d}") for n, t in enumerate((9.5, 10.0, 10.0, 100.25, 1e9))]
+    assert ids[1] != ids[2] and ids[0] < ids[1] and ids[2] < ids[3] < ids[4]
+    assert ids[0].startswith("#q:acme:000000000009500:")
+    assert submission_id("acme", "order-0001") == "#sub:acme:order-0001" and drain_lease("acme") == "!drain:acme"
+
+
+def test_the_estimate_paces_the_minute_and_spills_into_the_next_day_window() -> None:
+    now = 86_400.0 * 20_000 + 3_600  # an hour into a UTC day
+    # 10 a minute grants 8 (granted_per_window): one create every 7.5 s after the next free slot.
+    assert estimate_create_at(now, 0, 2.0, 10, 300, {}) == now + 2.0
+    assert estimate_create_at(now, 4, 2.0, 10, 300, {}) == now + 2.0 + 4 * 7.5
+    # 3 a day, 1 used: the first two ahead take this window's last two; the third waits for the next.
+    reset = 86_400.0 * 20_001
+    state = {"day_used": 1.0, "day_reset": reset * 1000}
+    assert estimate_create_at(now, 1, 0.0, 10, 3, state) == now + 7.5
+    assert estimate_create_at(now, 2, 0.0, 10, 3, state) == reset
+    assert estimate_create_at(now, 3, 0.0, 10, 3, state) == reset + 7.5
+    assert estimate_create_at(now, 5, 0.0, 10, 3, state) == reset + 86_400  # the day after
+    assert estimate_create_at(now, 5, 0.0, 0, 0, {}) == now  # not limited here
+
+
+# -- submit.py: the queue decisions --------------------------------------------------------------------
+
+
+class Parts:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.sume, self.store, self.queue, self.creates_queue = FakeSume(), FakeStore(), FakeQueue(), FakeQueue()
+        self.lease, self.creates = FakeLease(), FakeBudget()
+        self.creates.per_minute, self.creates.per_day = 10, 300  # type: ignore[attr-defined]
+        settings = SubmitSettings.from_env(ENV)
+        self.settings = replace(settings, common=replace(settings.common, clock=self.clock))
+        self.keys = one_key(self.sume, self.creates, FakePacer())  # type: ignore[arg-type]
+        self.submitter = Submitter(self.settings, keys=self.keys, store=self.store,  # type: ignore[arg-type]
+                                   queue=self.queue, lease=self.lease, create_queue=self.creates_queue,  # type: ignore[arg-type]
+                                   sleep=lambda s: None)
+
+    def submit(self, event: dict[str, Any]) -> dict[str, Any]:
+        return self.submitter.handle(event, lambda: 25_000)
+
+    def creates_sent(self) -> int:
+        return sum(1 for kind, _ in self.sume.calls if kind == "create")
+
+    def queued(self) -> list[str]:
+        return self.store.queue_head("default", 100)
+
+    def drainer(self) -> Drainer:
+        return Drainer(self.settings, self.submitter, self.keys, self.store, self.creates_queue,  # type: ignore[arg-type]
+                       self.lease, "default")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def parts() -> Parts:
+    return Parts()
+
+
+def image(key: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "image", "params": {"prompt": key}, "idempotency_key": key, **extra}
+
+
+def test_over_the_budget_a_submission_is_queued_with_an_estimate_and_its_drain_started(parts: Parts) -> None:
+    parts.creates.grants = [Grant(False, 30.0), Grant(False, 30.0)]  # the take, then the estimate's peek
+    reply = parts.submit(image("order-0001"))
+    assert reply["status"] == "queued" and reply["replayed"] is False and reply["job_ids"] == []
+    assert reply["estimated_create_at"] == 1_800_000_030 and reply["deadline_at"] == 1_800_000_600
+    assert parts.creates_sent() == 0
+    (item,) = parts.queued()
+    record = parts.store.submission("default", "order-0001")
+    assert record is not None and (record["status"], record["queue_item"]) == (QUEUED, item)
+    (first,) = parts.creates_queue.sent
+    message = DrainMessage.parse(first.body)
+    assert message.key is None and message.seq == 0 and first.delay == 0.0  # the default key: no key named
+    assert parts.lease.values[drain_lease("default")] == f"{message.token}:0"
+
+
+def test_while_a_drain_runs_a_new_submission_queues_behind_even_with_a_free_slot(parts: Parts) -> None:
+    parts.lease.values[drain_lease("default")] = f"{TOKEN}:4"
+    reply = parts.submit(image("order-0002"))
+    assert reply["status"] == "queued" and parts.creates_sent() == 0 and parts.creates.modes == ["peek"]
+    assert parts.creates_queue.sent == []  # the running drain takes it: no second drain
+
+
+def test_behind_a_waiting_submission_queues_even_with_the_drain_lease_free(parts: Parts) -> None:
+    parts.creates.grants = [Grant(False, 7.5)]
+    assert parts.submit(image("order-0003"))["status"] == "queued"
+    parts.lease.values.clear()  # the drain's lease is gone (expired); its item still waits
+    parts.lease.down = True  # and Redis cannot say: the queue's index decides
+    reply = parts.submit(image("order-0004"))
+    assert reply["status"] == "queued" and parts.creates_sent() == 0
+    assert len(parts.queued()) == 2
+
+
+def test_queue_false_keeps_the_refusal_and_a_bad_queue_value_is_rejected(parts: Parts) -> None:
+    parts.creates.grants = [Grant(False, 12.0)]
+    with pytest.raises(CreateBudgetExhausted, match="in 12 s"):
+        parts.submit(image("order-0005", queue=False))
+    assert parts.queued() == [] and parts.creates_queue.sent == []
+    assert parts.submit(image("order-0006", queue="yes"))["status"] == "rejected"
+
+
+def test_a_replay_is_answered_from_the_table_without_the_create_budget(parts: Parts) -> None:
+    parts.sume.creates = [Created(("job_1",), "req_1")]
+    created = parts.submit(image("order-0007"))
+    assert created["status"] == "submitted" and parts.store.submission("default", "order-0007")["status"] == CREATED  # type: ignore[index]
+    parts.creates.grants = [Grant(False, 20.0), Grant(False, 20.0)]
+    assert parts.submit(image("order-0008"))["status"] == "queued"
+    takes = parts.creates.takes
+
+    again, queued_again = parts.submit(image("order-0007")), parts.submit(image("order-0008"))
+    assert (again["status"], again["job_ids"], again["replayed"]) == ("submitted", ["job_1"], True)
+    assert (queued_again["status"], queued_again["replayed"]) == ("queued", True)
+    assert parts.creates.modes[takes:] == ["peek"]  # the queued one's fresh estimate: nothing taken
+    assert parts.creates_sent() == 1 and len(parts.queued()) == 1 and len(parts.creates_queue.sent) == 1
+
+
+def test_a_402_is_recorded_final_and_a_replay_answers_it(parts: Parts) -> None:
+    parts.sume.creates = [Refused("credits", 402, "insufficient_credits", request_id="req_9")]
+    assert parts.submit(image("order-0009"))["status"] == "rejected"
+    record = parts.store.submission("default", "order-0009")
+    assert record is not None and record["status"] == REJECTED and record["http_status"] == 402
+    again = parts.submit(image("order-0009"))
+    assert (again["status"], again["error"], again["http_status"], again["replayed"]) == (
+        "rejected", "insufficient_credits", 402, True)
+    assert parts.creates_sent() == 1
+    parts.sume.creates = [Refused("key", 401, "unauthorized")]  # the key's refusal is not the submission's
+    assert parts.submit(image("order-0010"))["status"] == "rejected"
+    assert parts.store.submission("default", "order-0010") is None
+
+
+# -- drain.py: one step ----------------------------------------------------------------------------------
+
+
+def queue_two(parts: Parts) -> DrainMessage:
+    """Two submissions queued (the budget full), the drain started: its first message."""
+    parts.creates.grants = [Grant(False, 30.0)] * 4
+    for key in ("order-0100", "order-0101"):
+        assert parts.submit(image(key))["status"] == "queued"
+    parts.creates.grants = []
+    return DrainMessage.parse(parts.creates_queue.sent[0].body)
+
+
+def step(parts: Parts, message: DrainMessage) -> tuple[DrainReport, DrainMessage | None]:
+    sent = len(parts.creates_queue.sent)
+    report = DrainReport()
+    parts.drainer().step(message, report, lambda: 25_000)
+    after = parts.creates_queue.sent[sent:]
+    return report, DrainMessage.parse(after[0].body) if after else None
+
+
+def test_a_step_creates_the_head_records_its_job_and_moves_on(parts: Parts) -> None:
+    message = queue_two(parts)
+    parts.sume.creates = [Created(("job_7",), "req_7")]
+    report, nxt = step(parts, message)
+    assert report.created == 1 and [k for kind, k in parts.sume.calls if kind == "create"] == ["order-0100"]
+    record = parts.store.submission("default", "order-0100")
+    assert record is not None and (record["status"], record["job_ids"]) == (CREATED, ["job_7"])
+    assert parts.store.records["job_7"]["status"] == "pending" and len(parts.queue.sent) == 1  # its chain
+    assert len(parts.queued()) == 1 and nxt is not None and (nxt.token, nxt.seq) == (message.token, 1)
+    assert parts.lease.values[drain_lease("default")] == f"{message.token}:1"
+
+
+def test_a_slot_further_away_is_reserved_and_waited_for_without_taking_another(parts: Parts) -> None:
+    message = queue_two(parts)
+    parts.creates.grants = [Grant(True, 20.0)]
+    _, nxt = step(parts, message)
+    assert nxt is not None and nxt.slot == pytest.approx(parts.clock.now() + 20.0)
+    assert parts.creates_queue.sent[-1].delay == pytest.approx(20.0) and parts.creates_sent() == 0
+    parts.clock.advance(5)  # delivered early (an SQS hop): it waits for its slot, takes nothing
+    takes = parts.creates.takes
+    _, again = step(parts, nxt)
+    assert parts.creates.takes == takes and again is not None and again.slot == nxt.slot
+    parts.clock.advance(15)
+    parts.sume.creates = [Created(("job_8",))]
+    step(parts, again)
+    assert parts.creates.modes[-1] == "confirm" and parts.creates_sent() == 1
+
+
+def test_a_429_retries_the_same_head_and_a_402_is_final(parts: Parts) -> None:
+    message = queue_two(parts)
+    parts.sume.creates = [retry(429, retry_after=40.0)]
+    report, nxt = step(parts, message)
+    assert report.retried == 1 and nxt is not None and nxt.errors == 1
+    assert parts.creates_queue.sent[-1].delay == pytest.approx(40.0)
+    assert parts.creates.feedback_seen[-1].retry_after == 40.0  # every create of the key waits
+    parts.sume.creates = [Refused("credits", 402, "insufficient_credits")]
+    report, nxt = step(parts, nxt)
+    assert report.rejected == 1 and nxt is not None and nxt.errors == 0
+    assert [k for kind, k in parts.sume.calls if kind == "create"] == ["order-0100", "order-0100"]  # same key
+    record = parts.store.submission("default", "order-0100")
+    assert record is not None and record["status"] == REJECTED and record["error"]["code"] == "insufficient_credits"
+
+
+def test_a_head_past_its_deadline_is_rejected_and_never_created(parts: Parts) -> None:
+    message = queue_two(parts)
+    parts.clock.advance(601)
+    takes = parts.creates.takes
+    report, nxt = step(parts, message)
+    assert report.expired == 1 and parts.creates_sent() == 0 and parts.creates.takes == takes
+    record = parts.store.submission("default", "order-0100")
+    assert record is not None and record["status"] == REJECTED and record["error"]["code"] == EXPIRED
+    assert nxt is not None and len(parts.queued()) == 1
+
+
+def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts: Parts) -> None:
+    message = queue_two(parts)
+    parts.lease.values[drain_lease("default")] = f"{message.token}:0!other"  # another delivery holds it
+    report, nxt = step(parts, message)
+    assert report.dropped == 1 and nxt is None and parts.creates_sent() == 0
+    for item in parts.queued():
+        parts.store.dequeue(item)
+    parts.lease.values[drain_lease("default")] = f"{message.token}:0"
+    _, nxt = step(parts, message)
+    assert nxt is None and drain_lease("default") not in parts.lease.values
