@@ -25,6 +25,9 @@ Figures (column "ratio" is the number the target applies to):
   10        how many jobs one key serves at Sume's 120/min and 10,000/day: capacity by bisection (chains
             only, sweeps, webhooks) against the limit, 1,000 pending long jobs, two list-miss modes,
             bursts against the day budget (a virtual clock, bench/fig_capacity.py)
+  11        bursts: 300 submissions at once on a key at Sume's create limits (10/min, 300/day), queued and
+            created in arrival order: refused, created twice, order, creates per minute, 429s (a virtual
+            clock, bench/fig_burst.py)
   keys      one deployment serving many Sume keys: four keys' served/budget and 429s/attempts in one run,
             and a key's p95 detection delay beside a key with 1,000 pending jobs / alone (a virtual
             clock, bench/fig_keys.py)
@@ -44,7 +47,7 @@ from pathlib import Path
 from bench import ROOT, SCRATCH
 from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "keys")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "keys")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -146,6 +149,9 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "10" in chosen:
         from bench import fig_capacity
         _guard(rows, "10 key capacity", "see 10", lambda: fig_capacity.measure(quick=quick, seed=args.seed))
+    if "11" in chosen:
+        from bench import fig_burst
+        _guard(rows, "11 bursts", "see 11", lambda: fig_burst.measure(quick=quick))
     if "keys" in chosen:
         from bench import fig_keys
         _guard(rows, "keys many keys", "see keys", lambda: fig_keys.measure(quick=quick, seed=args.seed))

@@ -66,6 +66,9 @@ def test_queue_items_sort_in_arrival_order_and_two_in_one_millisecond_differ() -
     ids = [queue_item_id("acme", t, f"order-{n:04d}") for n, t in enumerate((9.5, 10.0, 10.0, 100.25, 1e9))]
     assert ids[1] != ids[2] and ids[0] < ids[1] and ids[2] < ids[3] < ids[4]
     assert ids[0].startswith("#q:acme:000000000009500:")
+    # A float clock time a hair below a millisecond is that millisecond: sequential arrivals keep their order.
+    assert queue_item_id("k", 1805760060.037, "x").split(":")[2] == "001805760060037"
+    assert queue_item_id("k", 1805760060.0369999, "x").split(":")[2] == "001805760060037"
     assert submission_id("acme", "order-0001") == "#sub:acme:order-0001" and drain_lease("acme") == "!drain:acme"
 
 

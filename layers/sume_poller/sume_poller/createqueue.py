@@ -52,9 +52,11 @@ def queue_shard(key_id: str) -> str:
 
 def queue_item_id(key_id: str, arrived: float, idempotency_key: str) -> str:
     """A queue item's id: its key, arrival (clock ms, zero-padded: the index's RANGE sorts them in
-    arrival order) and a hash of its idempotency key (two arrivals in one millisecond)."""
+    arrival order; rounded, not truncated: a float clock time just below a millisecond is that
+    millisecond) and a hash of its idempotency key (two arrivals in one millisecond: their order
+    is the hashes', as between concurrent callers)."""
     digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:16]
-    return f"{QUEUE_ITEM_PREFIX}{key_id}:{int(arrived * 1000):015d}:{digest}"
+    return f"{QUEUE_ITEM_PREFIX}{key_id}:{round(arrived * 1000):015d}:{digest}"
 
 
 def submission_id(key_id: str, idempotency_key: str) -> str:

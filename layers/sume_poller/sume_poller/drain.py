@@ -120,6 +120,7 @@ class Drainer:
                 self.submitter.start_drain(key_id, msg.key)
             return
         item, record = head
+        logger.append_keys(idempotency_key=item.get("idempotency_key"), queue_item=item["job_id"])
         now = self.clock.now()
         if record is None or record.get("status") != QUEUED or record.get("queue_item") != item["job_id"]:
             self.store.dequeue(item["job_id"])  # settled already: only its queue item was left
