@@ -84,7 +84,8 @@ class StackView:
 
 
 def status(view: StackView, ddb: Any, sqs: Any) -> str:
-    """Counts by status, the oldest pending job, the depths of the poll queue and its DLQ."""
+    """Counts by status, the oldest pending job, the depths of the poll queue and its DLQ, and of
+    the create queue (the drains of queued submissions) and its DLQ."""
     records = JobTable(ddb, view.output("JobsTableName")).scan(["status", "kind", "submitted_at"])
     by_status = Counter(str(r.get("status")) for r in records)
     lines = [f"stack {view.name} (table {view.output('JobsTableName')})", f"pending            {by_status['pending']}"]
@@ -101,6 +102,9 @@ def status(view: StackView, ddb: Any, sqs: Any) -> str:
     dlq = queue_depth(sqs, view.output("PollDeadLetterQueueUrl"))
     lines.append(f"poll queue         {queue_depth(sqs, view.output('PollQueueUrl'))} (visible, in flight and delayed)")
     lines.append(f"dead-letter queue  {dlq}" + ("   -> make redrive" if dlq else ""))
+    if view.outputs.get("CreateQueueUrl"):  # stacks from before submissions queued have none
+        lines.append(f"create queue       {queue_depth(sqs, view.output('CreateQueueUrl'))} (drain steps)")
+        lines.append(f"  dead letters     {queue_depth(sqs, view.output('CreateDeadLetterQueueUrl'))}")
     return "\n".join(lines)
 
 

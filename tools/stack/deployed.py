@@ -292,8 +292,8 @@ class DeployedStack(Stack):
         totals restarted. The deployed stack stays."""
         self._reset_services()
         sqs = self.client("sqs")
-        urls = [self.outputs[k] for k in ("PollQueueUrl", "PollDeadLetterQueueUrl", "FailedInvocationsQueueUrl")
-                if k in self.outputs]
+        urls = [self.outputs[k] for k in ("PollQueueUrl", "PollDeadLetterQueueUrl", "CreateQueueUrl",
+                                          "CreateDeadLetterQueueUrl", "FailedInvocationsQueueUrl") if k in self.outputs]
         quiet = 0
 
         def step(left: float) -> None:

@@ -127,8 +127,12 @@ class Drainer:
             self._next(msg, step, 0.0)
             return
         if now >= float(item["deadline_at"]):
+            unknown = {"unknown_attempts": msg.errors} if msg.errors else {}
+            if msg.errors:  # an attempt's outcome is unknown: Sume may have created it (a replay would say)
+                logger.error("a queued submission expired after create attempts of unknown outcome",
+                             extra={"attempts": msg.errors})
             self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
-                                                "before its deadline (SubmitQueueDeadlineSeconds)"})
+                                                "before its deadline (SubmitQueueDeadlineSeconds)"}, **unknown)
             report.expired += 1
             self._next(msg, step, 0.0)
             return
