@@ -234,7 +234,10 @@ class Submitter:
                 **{f: record[f] for f in ("http_status", "request_id", "message") if record.get(f) is not None}}
 
     def _queue_busy(self, k: SubmitKey) -> bool:
-        """The key's queue holds submissions, or its drain runs: a new one queues behind them."""
+        """The key's queue holds submissions, or its drain runs: a new one queues behind them. (A
+        key whose creates are not limited here queues nothing: nothing to ask.)"""
+        if k.creates.unlimited:
+            return False
         try:
             if self.lease.held([drain_lease(k.key.id)])[0]:
                 return True
