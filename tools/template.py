@@ -15,8 +15,9 @@ What moto's CloudFormation cannot do, handled in :func:`for_moto` (and read back
   Condition: moto still evaluates them, :attr:`Created.properties` gives what the template makes
   of each, and the schedules are read from them. A GetAtt of one becomes a placeholder (a
   function URL's: ``https://<id>.lambda-url.<region>.on.aws/``; a local stack serves no URL).
-* It would run the poll queue's event source mapping itself, invoking the function in Docker on
-  every message: the mapping is created disabled (the in-process stack plays it).
+* It would run the SQS event source mappings itself (the poll queue's, the create queue's),
+  invoking the function in Docker on every message: they are created disabled (the in-process
+  stack plays them).
 * A function's code is inline (the code runs from its local directory, which the translated
   template keeps as the S3 key of its CodeUri); moto drops a function's layers, architecture and
   logging config: those are read from the translated template, or from ``mirror`` stubs.

@@ -149,6 +149,7 @@ def test_for_moto_stubs_what_moto_lacks_and_keeps_the_rest_local(template: dict[
                      "Properties": translated["Resources"]["DeadLetterAlarm"]["Properties"]}
     # moto would run the mapping itself (Docker), and serves no function URL
     assert resources["PollFunctionPollQueue"]["Properties"]["Enabled"] is False
+    assert resources["SubmitFunctionCreateQueue"]["Properties"]["Enabled"] is False  # the drains' mapping too
     webhook_url = resources["SubmitFunction"]["Properties"]["Environment"]["Variables"]["WEBHOOK_URL"]
     assert webhook_url == {"Fn::If": ["WebhooksOn", "https://webhookfunctionurl.lambda-url.us-east-1.on.aws/", ""]}
     assert set(resources["PollFunction"]["Properties"]["Code"]) == {"ZipFile"}  # the code runs from its directory
