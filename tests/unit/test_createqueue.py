@@ -24,8 +24,9 @@ from sume_poller.createqueue import (
     submission_id,
 )
 from sume_poller.drain import Drainer, DrainReport
+from sume_poller.keys import Limits, SumeKey
 from sume_poller.settings import SubmitSettings
-from sume_poller.submit import CreateBudgetExhausted, Submitter, one_key
+from sume_poller.submit import CreateBudgetExhausted, SubmitKey, Submitter, one_key
 from sume_poller.sume import Created, Refused
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
@@ -122,8 +123,8 @@ def parts() -> Parts:
     return Parts()
 
 
-def image(key: str, **extra: Any) -> dict[str, Any]:
-    return {"kind": "image", "params": {"prompt": key}, "idempotency_key": key, **extra}
+def image(idempotency_key: str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "image", "params": {"prompt": idempotency_key}, "idempotency_key": idempotency_key, **extra}
 
 
 def test_over_the_budget_a_submission_is_queued_with_an_estimate_and_its_drain_started(parts: Parts) -> None:
@@ -283,3 +284,27 @@ def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts
     parts.lease.values[drain_lease("default")] = f"{message.token}:0"
     _, nxt = step(parts, message)
     assert nxt is None and drain_lease("default") not in parts.lease.values
+
+
+def test_a_named_key_has_its_own_queue_drain_and_messages_naming_it(parts: Parts) -> None:
+    acme = SubmitKey(SumeKey("acme", Limits(), lambda: "sume_test_acme"), parts.sume, parts.creates,  # type: ignore[arg-type]
+                     FakePacer())  # type: ignore[arg-type]
+    default = parts.keys(None)
+
+    def keys(wanted: str | None) -> SubmitKey:
+        return acme if wanted == "acme" else default
+
+    parts.keys = keys
+    parts.submitter.keys = keys
+    parts.creates.grants = [Grant(False, 30.0)] * 2
+    reply = parts.submit(image("order-0200", key="acme"))
+    assert (reply["status"], reply["key"]) == ("queued", "acme")
+    assert parts.store.queue_head("acme") and not parts.queued()  # its own partition, q:acme
+    message = DrainMessage.parse(parts.creates_queue.sent[0].body)
+    assert message.key == "acme" and parts.lease.values[drain_lease("acme")] == f"{message.token}:0"
+    parts.sume.creates = [Created(("job_default",)), Created(("job_acme",))]
+    assert parts.submit(image("order-0201"))["status"] == "submitted"  # the default key's queue is empty
+    step(parts, message)
+    record = parts.store.submission("acme", "order-0200")
+    assert record is not None and record["status"] == CREATED
+    assert parts.store.records["job_acme"]["key"] == "acme"
