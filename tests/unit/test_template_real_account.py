@@ -600,6 +600,10 @@ def test_the_queue_deadline_parameter_is_what_the_submit_function_accepts() -> N
         {"Name": "QueueName", "Value": {"Fn::GetAtt": ["CreateDeadLetterQueue", "QueueName"]}}]
     handler = (ROOT / "functions" / "submit" / "app.py").read_text()
     assert '"SubmissionsExpired"' in handler and '"SubmissionsQueued"' in handler
+    body = json.loads(resolver().properties["Dashboard"]["DashboardBody"])
+    (line,) = [w for w in body["widgets"] if '"SubmissionsExpired"' in json.dumps(w)]
+    assert all(f'"{name}"' in json.dumps(line) for name in ("SubmissionsQueued", "SubmissionsCreatedFromQueue",
+                                                              "SubmissionsRejectedFromQueue"))
 
 
 def test_the_poll_function_may_stream_results_and_is_told_their_limit() -> None:
