@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from sume_poller.createqueue import DrainMessage, queue_item, queued_record
+from sume_poller.lease import new_token
 from tools import ops
 from tools.stack.deployed import DeployedStack
 from tools.template import Created, resolve
@@ -207,7 +209,20 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
         except TimeoutError as error:
             raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
 
+    # A queued submission past its deadline (as submit queues one; this stack's creates are not
+    # limited, so none queues by itself) and its drain's message: the submit function, through the
+    # create queue's event source, records it rejected and counts SubmissionsExpired.
+    now = stack.clock.now()
+    item = queue_item("default", kind="image", params={"prompt": "e2e expired"}, derived=False,
+                      idempotency_key=f"e2e-expired-{uuid.uuid4().hex[:8]}", arrived=now - 120, deadline_at=now - 60)
+    stack.table.put(item)
+    stack.table.put(queued_record(item))
+    stack.client("sqs").send_message(QueueUrl=stack.outputs["CreateQueueUrl"],
+                                     MessageBody=DrainMessage(new_token(), 0).to_json())
     wait_for(set().union(*watched.values()) - {"SumeAuthFailed"})  # the shared run's metrics
+    expired = stack.table.submission("default", item["idempotency_key"])
+    assert expired is not None and expired["status"] == "rejected", expired
+    assert expired["error"]["code"] == "create_budget_exhausted"
 
     # Last, as it pauses every read: Sume refuses the key for a job registered after the switch.
     job_id = stack.sim.seed_job("image", {"duration": 100_000})
