@@ -268,10 +268,12 @@ def test_a_head_past_its_deadline_is_rejected_and_never_created(parts: Parts) ->
     record = parts.store.submission("default", "order-0100")
     assert record is not None and record["status"] == REJECTED and record["error"]["code"] == EXPIRED
     assert nxt is not None and len(parts.queued()) == 1 and "unknown_attempts" not in record
-    # A head whose create attempts had an unknown outcome (timeouts) expires too, and its record says so.
-    report, _ = step(parts, replace(nxt, errors=2))
+    # A head whose create attempts had an unknown outcome (timeouts) expires too, and its record says so;
+    # the slot its step had reserved and not spent is carried to the next head.
+    report, last = step(parts, replace(nxt, errors=2, slot=parts.clock.now() + 30))
     record = parts.store.submission("default", "order-0101")
     assert report.expired == 1 and record is not None and record["unknown_attempts"] == 2
+    assert last is not None and last.slot == pytest.approx(parts.clock.now() + 30) and last.errors == 0
 
 
 def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts: Parts) -> None:

@@ -124,7 +124,7 @@ class Drainer:
         now = self.clock.now()
         if record is None or record.get("status") != QUEUED or record.get("queue_item") != item["job_id"]:
             self.store.dequeue(item["job_id"])  # settled already: only its queue item was left
-            self._next(msg, step, 0.0)
+            self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
             return
         if now >= float(item["deadline_at"]):
             unknown = {"unknown_attempts": msg.errors} if msg.errors else {}
@@ -134,14 +134,14 @@ class Drainer:
             self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
                                                 "before its deadline (SubmitQueueDeadlineSeconds)"}, **unknown)
             report.expired += 1
-            self._next(msg, step, 0.0)
+            self._next(msg, step, 0.0, slot=msg.slot)
             return
         try:
             k = self.keys(msg.key)
         except UnknownKey as exc:
             self._settle(item, REJECTED, error={"code": KEY_REMOVED, "message": str(exc)})
             report.rejected += 1
-            self._next(msg, step, 0.0)
+            self._next(msg, step, 0.0, slot=msg.slot)
             return
         deadline_in = float(item["deadline_at"]) - now
         if msg.slot is not None and msg.slot - now > k.creates.early:  # its reserved slot is still ahead
