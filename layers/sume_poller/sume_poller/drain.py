@@ -44,13 +44,11 @@ from .queue import Outgoing, PollQueue
 from .redisconn import RedisFailure
 from .settings import SubmitSettings
 from .store import JobStore
-from .submit import SubmitKey, Submitter
+from .submit import KEY_REFUSALS, SubmitKey, Submitter
 from .sume import Created, Refused
 
 #: The longest backoff (clock seconds) between create attempts of one head after transient faults.
 BACKOFF_MAX = 300.0
-#: Refusals that are the key's, not the submission's: the head waits (the key may be rotated).
-KEY_REFUSALS = ("key", "forbidden")
 
 
 @dataclass

@@ -73,9 +73,10 @@ from .settings import SubmitSettings
 from .store import JobStore
 from .sume import Created, Refused, Retryable, SumeClient
 
-#: Refusals final for the submission, recorded on its submission record: a replay answers them
-#: from the table. (A refused key or a forbidden workspace is the key's, not the submission's.)
-RECORDED_REFUSALS = ("credits",)
+#: Refusals that are the key's, not the submission's (a refused key, a forbidden workspace): not
+#: recorded, and a queued head waits them out. Every other refusal (a 402, a 400) is final for the
+#: submission and recorded on its submission record: a replay answers it from the table.
+KEY_REFUSALS = ("key", "forbidden")
 
 IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_\-:.]{8,255}$")
 MAX_PARAMS_BYTES = 64_000
@@ -291,8 +292,8 @@ class Submitter:
         return math.ceil(estimate_create_at(now, ahead, first, k.creates.per_minute, k.creates.per_day, state))
 
     def _refused(self, k: SubmitKey, kind: str, key: str, refused: Refused, derived: bool) -> dict[str, Any]:
-        """A create Sume refused: a 402 is recorded for the caller (a replay answers it)."""
-        if refused.why in RECORDED_REFUSALS:
+        """A create Sume refused: a 402 (any refusal but the key's) is recorded for the caller."""
+        if refused.why not in KEY_REFUSALS:
             self.store.put_submission(settled_record(
                 k.key.id, kind, key, REJECTED, now=self.clock.now(), derived=derived,
                 error={"code": refused.code or refused.why, "message": refused.message or ""},
