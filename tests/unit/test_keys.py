@@ -96,6 +96,24 @@ def test_the_configuration_is_cached_and_read_again_at_once_after_a_401() -> Non
     assert ring.get("acme").api_key() == "sume_live_rotated" and config.forced == 1
 
 
+@pytest.mark.parametrize("max_age", [MAX_AGE, 2.0])
+def test_the_cache_lasts_its_max_age_sume_keys_max_age_sets_it(max_age: float) -> None:
+    from sume_poller.settings import Env, KeySettings
+
+    env = Env({"SUME_KEYS_SECRET_NAME": "keys"} | ({} if max_age == MAX_AGE else {"SUME_KEYS_MAX_AGE": "2"}))
+    assert KeySettings.read(env, None).max_age == max_age and not env.problems  # type: ignore[arg-type]
+    config = Config({"acme": {"api_key": "sume_live_acme"}})
+    ring = config.ring(DEFAULT, max_age=max_age)
+    ring.get("acme")
+    config.text = json.dumps({"keys": {}})  # removed
+    config.now += max_age - 0.5
+    assert ring.get("acme").id == "acme" and config.reads == 1
+    config.now += 0.5
+    with pytest.raises(UnknownKey):
+        ring.get("acme")
+    assert config.reads == 2 and config.forced == 0
+
+
 def test_an_unknown_key_reads_the_configuration_again_at_once_but_not_on_every_lookup() -> None:
     config = Config({})
     ring = config.ring(DEFAULT)

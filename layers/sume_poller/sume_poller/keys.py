@@ -24,7 +24,7 @@ Where keys come from:
   ``ssm:/<config name>/...`` or ``secretsmanager:<config name>/...``: the IAM grants are built from it);
   ``webhook_secret`` is optional. An entry with the default key's id replaces the default key.
 
-The configuration is re-read on a short cache (:data:`MAX_AGE`), at once after Sume answers 401,
+The configuration is re-read on a short cache (:data:`MAX_AGE`; ``SUME_KEYS_MAX_AGE``), at once after a 401,
 and at once (at most every :data:`UNKNOWN_REREAD` seconds) when a job names a key it does not
 hold: keys are added, rotated and removed without a deploy. A configuration that stops parsing
 keeps the last good one (logged, counted as ``KeyConfigInvalid``); with none, the call fails.
@@ -128,8 +128,10 @@ class KeyRing:
     def __init__(self, default_id: str, default: SumeKey | None = None, *,
                  read_config: Callable[[bool], str | None] | None = None,
                  secret: Callable[[str, str], Any] | None = None, defaults: Limits = Limits(),
-                 config_name: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 config_name: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 max_age: float = MAX_AGE) -> None:
         self.default_id = default_id
+        self.max_age = max_age
         #: Keys that live elsewhere live under the configuration's name (the IAM grants are built from it).
         self._ref_prefix = f"{config_name}/" if config_name else None
         self._default = default
@@ -179,7 +181,7 @@ class KeyRing:
     def _current(self, *, force: bool = False) -> dict[str, SumeKey]:
         with self._lock:
             force = force or self._force
-            if self._keys is not None and not force and self._clock() - self._read_at < MAX_AGE:
+            if self._keys is not None and not force and self._clock() - self._read_at < self.max_age:
                 return self._keys
             self._force = False
             try:

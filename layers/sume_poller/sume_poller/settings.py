@@ -209,13 +209,16 @@ class KeySettings(Group):
 
     default_id: str = "default"
     config_secret: str | None = None
+    #: Real seconds the key configuration is reused before it is read again (a 401 reads it at once).
+    max_age: float = setting("SUME_KEYS_MAX_AGE", 60.0, 1.0, 3_600.0)
 
     @classmethod
     def read(cls, env: Env, common: Common) -> Self:
         default_id = env.text("DEFAULT_KEY_ID", "default")
         env.check(valid_key_id(default_id),
                   f"DEFAULT_KEY_ID must be 1-32 letters, digits, '_' or '-', not {default_id[:40]!r}")
-        return cls(default_id=default_id, config_secret=env.text("SUME_KEYS_SECRET_NAME", "") or None)
+        return cls(default_id=default_id, config_secret=env.text("SUME_KEYS_SECRET_NAME", "") or None,
+                   **declared(cls, env))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from ..budget import Budget, LocalPacer
 from ..gate import ReadGate
-from ..keys import MAX_AGE, KeyRing, Limits, SumeKey
+from ..keys import KeyRing, Limits, SumeKey
 from ..lease import LeaseStore
 from ..observability import MetricUnit, metrics
 from ..redisconn import ColdStartCheck, RedisMisconfigured, connect
@@ -63,7 +63,7 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
         own = None
     if not keys.config_secret:
         return KeyRing(keys.default_id, own, defaults=defaults)
-    config = Secret(keys.config_secret, "secretsmanager", max_age=MAX_AGE)
+    config = Secret(keys.config_secret, "secretsmanager", max_age=keys.max_age)
 
     def read_config(force: bool) -> str:
         if force:
@@ -71,7 +71,7 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
         return config()
 
     return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults,
-                   config_name=keys.config_secret)
+                   config_name=keys.config_secret, max_age=keys.max_age)
 
 
 def _no_api_key() -> str:
