@@ -40,18 +40,20 @@ CLAIM_TTL_REAL = float(FAST_LEASES["CLAIM_TTL_SECONDS"])
 SCENARIO_DEFAULTS = {"PendingShards": 2}
 
 
-def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str, str],
+def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str, str], *, name: str = "stack",
                    **options: Any) -> tuple[Any, Any]:
-    """(module_stack, stack) fixtures: one stack per module, reset before each test."""
+    """(module_stack, stack) fixtures: one stack per module, reset before each test (``name``: the
+    fixtures' names, ``module_<name>`` and ``<name>``, for a second stack in one module)."""
 
-    @pytest.fixture(scope="module")
+    @pytest.fixture(scope="module", name=f"module_{name}")
     def module_stack(moto_server: MotoServer) -> Iterator[InProcessStack]:
         with InProcessStack(time_scale=scale, parameters={**SCENARIO_DEFAULTS, **parameters}, env=dict(env),
                             moto=moto_server, **options) as stack:
             yield stack
 
-    @pytest.fixture
-    def stack(module_stack: InProcessStack) -> Iterator[InProcessStack]:
+    @pytest.fixture(name=name)
+    def stack(request: pytest.FixtureRequest) -> Iterator[InProcessStack]:
+        module_stack: InProcessStack = request.getfixturevalue(f"module_{name}")
         module_stack.reset()
         yield module_stack
         module_stack.step_hook = None
@@ -66,15 +68,36 @@ def fault_suite_fixtures() -> tuple[Any, Any]:
 
 
 def submit(stack: InProcessStack, n: int, sim: dict[str, Any] | Callable[[int], dict[str, Any]],
-           kind: str = "image") -> list[str]:
-    """``n`` submissions whose simulated jobs follow ``sim`` (or ``sim(i)``); their job ids."""
+           kind: str = "image", key: str | None = None) -> list[str]:
+    """``n`` submissions whose simulated jobs follow ``sim`` (or ``sim(i)``), to Sume key ``key``
+    (None: the default key); their job ids."""
     ids = []
     for i in range(n):
         spec = sim(i) if callable(sim) else sim
-        reply = stack.submit({"kind": kind, "params": {"prompt": uuid.uuid4().hex, "sim": spec}})
+        event = {"kind": kind, "params": {"prompt": uuid.uuid4().hex, "sim": spec}, **({"key": key} if key else {})}
+        reply = stack.submit(event)
         assert reply["status"] == "submitted", reply
+        assert reply["key"] == (key or "default"), reply
         ids += reply["job_ids"]
     return ids
+
+
+def rotate_key(stack: InProcessStack, key_id: str) -> str:
+    """The simulator rotates ``key_id``'s API key (the old one answers 401 from now on), then the
+    key configuration takes the new one; the new API key. A reset restores the old one."""
+    new = f"sume_local_{key_id}_{uuid.uuid4().hex}"
+    stack.sim.rotate_key(stack.keys[key_id], new)
+    stack.keys[key_id] = new
+    stack.store_keys()
+    return new
+
+
+def remove_key(stack: InProcessStack, key_id: str, *, at_sume: bool = False) -> None:
+    """``key_id`` leaves the key configuration (``at_sume``: the simulator refuses its API key too)."""
+    api_key = stack.keys.pop(key_id)
+    if at_sume:
+        stack.sim.remove_key(api_key)
+    stack.store_keys()
 
 
 def run(stack: InProcessStack, ids: list[str], timeout: float = 60, **drive: Any) -> None:

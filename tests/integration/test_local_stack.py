@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import redis
+from invariants import dlq_bodies
 from scenario import stack_fixtures
 
 from tools.stack.base import wait_until
@@ -115,7 +116,7 @@ def test_poison_messages_go_to_the_dead_letter_queue(stack: InProcessStack) -> N
 
     stack.drive(lambda: stack.dlq_depth() == 1, timeout=20)
 
-    assert stack.dlq_bodies() == ["not a poll message"]
+    assert dlq_bodies(stack) == ["not a poll message"]
     assert stack.dlq_depth() == 1  # peeking leaves it there
     assert stack.outcomes["malformed"] >= 1
 

@@ -35,6 +35,7 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing
 #: TimeScale, RedisUrl and SumeBaseUrl; a caller's ``parameters`` win over all of them.
 #: LeaseMarginSeconds 5: a lost chain is picked up a few seconds after its delay ends, not 30 s.
 LOCAL_PARAMETERS = {"LocalEndpoints": "true", "SumeApiKeyName": "/sume-poller/api-key", "LeaseMarginSeconds": "5"}
+KEY_CONFIG = "sume-poller/keys"  # the key configuration's secret (SumeKeysSecretName) of a stack with keys
 
 
 class SetupError(RuntimeError):
@@ -133,12 +134,13 @@ def queue_depth(sqs: Any, url: str) -> int:
 
 
 class EmfTotals:
-    """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key).
-    ``totals`` has an entry (possibly 0) for every metric name seen: a metric emitted with value 0
-    still counts as emitted."""
+    """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key). ``totals`` has an
+    entry (possibly 0) for every metric name seen: a metric emitted with value 0 still counts as emitted;
+    ``by_key``: the same of the lines with a ``key`` dimension, per key."""
 
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
+        self.by_key: dict[str, Counter[str]] = {}
 
     def add_line(self, line: str) -> None:
         if (start := line.find("{")) < 0 or '"_aws"' not in line:
@@ -149,16 +151,21 @@ class EmfTotals:
             return
         if not isinstance(document, dict) or not isinstance(document.get("_aws"), dict):
             return
+        key = document.get("key")
+        counters = [self.totals, *([self.by_key.setdefault(key, Counter())] if isinstance(key, str) else [])]
         for directive in document["_aws"].get("CloudWatchMetrics", []):
             for metric in directive.get("Metrics", []):
                 value = document.get(name := metric.get("Name"))
                 total = sum(v for v in (value if isinstance(value, list) else [value])
                             if isinstance(v, int | float) and not isinstance(v, bool))
-                # Counts are whole numbers; other units (ms...) keep their fraction.
-                self.totals[name] += int(total) if float(total).is_integer() else cast(int, total)
+                for counter in counters:  # counts are whole numbers; other units (ms...) keep their fraction
+                    counter[name] += int(total) if float(total).is_integer() else cast(int, total)
 
     def clear(self) -> None:
-        self.totals = Counter()
+        self.totals, self.by_key = Counter(), {}
+
+    def refresh(self) -> None:
+        """Add the lines that came since (here: none; they are added as they come)."""
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable[[], str],
@@ -174,19 +181,23 @@ def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable
 
 
 class Stack(ABC):
-    """template.yaml running locally with Redis and the Sume simulator; a context manager that
-    starts what it needs on enter and stops what it started on exit. ``redis_server`` may be stopped
-    and started (an outage); ``client(service)`` gives boto3 clients on the stack's endpoint;
-    ``schedules`` are the scheduled functions, fan-out first."""
+    """template.yaml running locally with Redis and the Sume simulator; a context manager that starts what it
+    needs on enter and stops what it started on exit. ``redis_server`` may be stopped and started (an outage);
+    ``client(service)`` gives boto3 clients on the stack's endpoint; ``schedules`` are the scheduled functions,
+    fan-out first. ``keys``: Sume keys beside the default one (id -> the simulator's options of its key:
+    workspace, default the id; read/create budgets, its limits in the key configuration too; webhook secret);
+    ``.keys`` their API keys now."""
 
     name: str
     schedules: list[str]
+    _emf: EmfTotals
 
     def __init__(self, time_scale: float, parameters: Mapping[str, Any] | None,
-                 sim_options: Mapping[str, Any] | None) -> None:
+                 sim_options: Mapping[str, Any] | None, keys: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.time_scale = time_scale
         self._overrides = dict(parameters or {})
         self._sim_options = dict(sim_options or {})
+        self._key_options = {k: {"workspace": k, **v} for k, v in (keys or {}).items()}
 
     @abstractmethod
     def _start(self, stack: ExitStack) -> None:
@@ -200,12 +211,37 @@ class Stack(ABC):
 
         self.clock = Clock(self.time_scale)
         self.api_key = "sume_local_" + uuid.uuid4().hex
+        self._initial_keys = {k: f"sume_local_{k}_{uuid.uuid4().hex}" for k in self._key_options}
+        self.keys = dict(self._initial_keys)
+        options = {**self._sim_options, "keys": {**{self.keys[k]: o for k, o in self._key_options.items()},
+                                                 **self._sim_options.get("keys", {})} or None}
         self.redis_server = stack.enter_context(RedisServer())
         self.redis_url = self.redis_server.url
-        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale,
-                                                     **self._sim_options))
+        self.sim = stack.enter_context(SumeSimulator(api_key=self.api_key, time_scale=self.time_scale, **options))
+        named = {"SumeKeysSecretName": KEY_CONFIG} if self.keys else {}
         self.parameters = {**LOCAL_PARAMETERS, "TimeScale": f"{self.time_scale:g}", "RedisUrl": self.redis_url,
-                           "SumeBaseUrl": self.sim.base_url, **{k: str(v) for k, v in self._overrides.items()}}
+                           "SumeBaseUrl": self.sim.base_url, **named, **{k: str(v) for k, v in self._overrides.items()}}
+
+    def key_config(self) -> dict[str, Any]:
+        """The key configuration (keys.py's format) of ``.keys``: API keys inline, limits, webhook secrets."""
+        entries: dict[str, Any] = {}
+        for key_id, api_key in self.keys.items():
+            options = self._key_options[key_id]  # {"read_budget": {"per_minute": 60}} -> reads_per_minute 60
+            entries[key_id] = {"api_key": api_key, **{k: v for k, v in options.items() if k == "webhook_secret" and v},
+                               **{f"{what}s_{window}": n for what in ("read", "create")
+                                  for window, n in (options.get(f"{what}_budget") or {}).items() if n is not None}}
+        return {"keys": entries}
+
+    def store_keys(self) -> None:
+        """The default key's API key where the template reads it; the key configuration (KEY_CONFIG)."""
+        self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
+                                         Type="SecureString", Overwrite=True)
+        if name := self.parameters.get("SumeKeysSecretName"):
+            secrets, text = self.client("secretsmanager"), json.dumps(self.key_config())
+            try:
+                secrets.put_secret_value(SecretId=name, SecretString=text)
+            except secrets.exceptions.ResourceNotFoundException:
+                secrets.create_secret(Name=name, SecretString=text)
 
     def _connect(self, client: Callable[[str], Any], outputs: Mapping[str, str]) -> None:
         """The AWS side is up: its clients, the stack's outputs, the job table, the event sink."""
@@ -243,9 +279,10 @@ class Stack(ABC):
         """Let the system work until ``until()`` (``fanout_every``: run the scheduled functions
         that often, real seconds); TimeoutError saying what is pending after ``timeout`` s."""
 
-    @abstractmethod
-    def metric_totals(self) -> Counter[str]:
-        """Per metric name, the sum of the EMF lines printed since the start or :meth:`reset`."""
+    def metric_totals(self, key: str | None = None) -> Counter[str]:
+        """Per metric name, the sum of the EMF lines since the start or :meth:`reset` (``key``: with its dimension)."""
+        self._emf.refresh()
+        return Counter(self._emf.totals if key is None else self._emf.by_key.get(key, {}))
 
     @abstractmethod
     def reset(self) -> None:
@@ -277,20 +314,6 @@ class Stack(ABC):
     def dlq_depth(self) -> int:
         return queue_depth(self.client("sqs"), self.dlq_url)
 
-    def dlq_bodies(self) -> list[str]:
-        """The bodies of the visible messages of the DLQ, left in it (visible again at once)."""
-        sqs, seen = self.client("sqs"), {}
-        while fresh := [m for m in sqs.receive_message(QueueUrl=self.dlq_url, MaxNumberOfMessages=10,
-                                                       VisibilityTimeout=30, WaitTimeSeconds=0).get("Messages", [])
-                        if m["MessageId"] not in seen]:
-            seen.update((m["MessageId"], m) for m in fresh)
-        messages = list(seen.values())
-        for start in range(0, len(messages), 10):
-            sqs.change_message_visibility_batch(QueueUrl=self.dlq_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
-                for i, m in enumerate(messages[start:start + 10])])
-        return [m["Body"] for m in messages]
-
     def send(self, body: str, delay_seconds: int = 0) -> None:
         """Put a message on the poll queue (as submit or fan-out would)."""
         self.client("sqs").send_message(QueueUrl=self.queue_url, MessageBody=body, DelaySeconds=delay_seconds)
@@ -318,4 +341,5 @@ class Stack(ABC):
 
         with redis.Redis.from_url(self.redis_url) as client:
             client.flushall()
-        self.sim.reset()
+        self.sim.reset()  # its keys as they were at the start
+        self.keys = dict(self._initial_keys)

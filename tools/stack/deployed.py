@@ -1,25 +1,22 @@
-"""DeployedStack: template.yaml built with ``sam build`` and deployed with ``sam deploy`` into
-ministack (a pure-Python local AWS: CloudFormation with the SAM transform, Lambdas as local
-processes, SQS event source mappings, EventBridge schedules, CloudWatch Logs). The deployed
-schedule, event source mapping and functions do the work; this process starts the services,
-deploys, submits and reads state. No Docker.
+"""DeployedStack: template.yaml built with ``sam build`` and deployed with ``sam deploy`` into ministack (a
+pure-Python local AWS: CloudFormation with the SAM transform, Lambdas as local processes, SQS event source mappings,
+EventBridge schedules, CloudWatch Logs). The deployed schedule, event source mapping and functions do the work; this
+process starts the services, deploys, submits and reads state. No Docker.
 
 Where ministack differs from AWS, and what is done about it here:
 
-* Its CloudFormation fails the whole stack on a CloudWatch alarm over metric math
-  (``Metrics``): the per-key alarms (Metrics Insights queries) are off here
-  (``PerKeyAlarms=false``); every other alarm is one metric.
-* Its CloudFormation stores ``ScalingConfig.MaximumConcurrency: !Ref PollMaxConcurrency`` as the
-  string parameters arrive as, and its SQS poller then fails on every pass (nothing is ever
-  delivered): after the deploy the same value is written back as a number with
-  UpdateEventSourceMapping.
-* It ignores ``ReservedConcurrentExecutions``: after the deploy it is applied with
-  PutFunctionConcurrency (ministack enforces it once set).
+* Its CloudFormation fails the whole stack on a CloudWatch alarm over metric math (``Metrics``): the per-key alarms
+  (Metrics Insights queries) are off here (``PerKeyAlarms=false``); every other alarm is one metric.
+* Its CloudFormation stores ``ScalingConfig.MaximumConcurrency: !Ref PollMaxConcurrency`` as the string parameters
+  arrive as, and its SQS poller then fails on every pass (nothing is ever delivered): after the deploy the same
+  value is written back as a number with UpdateEventSourceMapping.
+* It ignores ``ReservedConcurrentExecutions``: after the deploy it is applied with PutFunctionConcurrency (ministack
+  enforces it once set).
 * ``sam deploy`` splits ``--parameter-overrides`` on whitespace: every value is quoted.
-* It does not turn EMF lines into CloudWatch metrics: :meth:`metric_totals` reads the functions'
-  log groups (:class:`LogGroupMetrics`).
-* It accepts SQS ``DelaySeconds`` over 900 (real SQS rejects them): tests of that limit use the
-  in-process stack on moto.
+* It does not turn EMF lines into CloudWatch metrics: :meth:`metric_totals` reads the functions' log groups
+  (:class:`LogGroupMetrics`).
+* It accepts SQS ``DelaySeconds`` over 900 (real SQS rejects them): tests of that limit use the in-process stack on
+  moto.
 * It does not implement SQS StartMessageMoveTask (``make redrive``; see tools/ops.py).
 """
 
@@ -37,7 +34,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
@@ -120,7 +116,7 @@ class LogGroupMetrics(EmfTotals):
         self._from = dict.fromkeys(self.groups, int(time.time() * 1000))
         self._seen: set[tuple[str, int, str]] = set()
 
-    def refresh(self) -> Counter[str]:
+    def refresh(self) -> None:
         for group, start in list(self._from.items()):
             pages = self.logs.get_paginator("filter_log_events").paginate(
                 logGroupName=group, filterPattern='"_aws"', startTime=start)
@@ -131,7 +127,6 @@ class LogGroupMetrics(EmfTotals):
                         self._seen.add(key)
                         self._from[group] = max(self._from[group], key[1] - 5_000)
                         self.add_line(key[2])
-        return Counter(self.totals)
 
 
 def _sam(args: list[str], endpoint_url: str | None, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -170,10 +165,10 @@ def build() -> Path:
         return _built["template"]
 
 
-def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, parameters: Mapping[str, str],
-           api_key: str) -> tuple[dict[str, str], dict[str, str]]:
-    """Store the Sume key where the template reads it, ``sam deploy`` the built template, apply
-    what ministack leaves out; the stack's outputs and its functions (logical id -> name)."""
+def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str,
+           parameters: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``sam deploy`` the built template, apply what ministack leaves out; the stack's outputs and
+    its functions (logical id -> name)."""
     from tools.template import resolve
 
     if quoted := [key for key, value in parameters.items() if '"' in value]:  # each goes in as Key="Value"
@@ -181,8 +176,6 @@ def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str, par
     template, s3, cfn, lam = build(), client("s3"), client("cloudformation"), client("lambda")
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
         s3.create_bucket(Bucket=ARTIFACT_BUCKET)
-    client("ssm").put_parameter(Name=parameters["SumeApiKeyName"], Value=api_key, Type="SecureString",
-                                Overwrite=True)
     done = _sam(["deploy", "--template-file", str(template), "--stack-name", stack_name, "--s3-bucket",
                  ARTIFACT_BUCKET, "--region", REGION, "--capabilities", "CAPABILITY_IAM",
                  "--no-confirm-changeset", "--no-fail-on-empty-changeset", "--no-progressbar", "--parameter-overrides",
@@ -223,8 +216,8 @@ class DeployedStack(Stack):
 
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  sim_options: Mapping[str, Any] | None = None, stack_name: str = "sume-poller-local",
-                 log: Callable[[str], None] | None = None) -> None:
-        super().__init__(time_scale, {"PerKeyAlarms": "false", **(parameters or {})}, sim_options)
+                 log: Callable[[str], None] | None = None, keys: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        super().__init__(time_scale, {"PerKeyAlarms": "false", **(parameters or {})}, sim_options, keys)
         self.stack_name = stack_name
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
 
@@ -237,16 +230,17 @@ class DeployedStack(Stack):
         self._start_services(stack)
         self.ministack = stack.enter_context(MinistackServer())
         self.endpoint_url = self.ministack.endpoint_url
-        client = aws_clients(self.endpoint_url)
+        self.client = client = aws_clients(self.endpoint_url)
+        self.store_keys()  # where the template reads them
         self.log(f"ministack on {self.endpoint_url}, redis-server on port {self.redis_server.port}, "
                  f"Sume simulator on {self.sim.base_url}; sam build + sam deploy ...")
-        outputs, self.functions = deploy(client, self.endpoint_url, self.stack_name, self.parameters, self.api_key)
+        outputs, self.functions = deploy(client, self.endpoint_url, self.stack_name, self.parameters)
         self._connect(client, outputs)
         scheduled = resolve(self.parameters).schedules
         self.schedules = [lid for lid in self.functions if lid in scheduled]  # template order: fan-out first
         # Each function logs to the group its LoggingConfig names (as `sam logs` finds it).
         configs = [self.client("lambda").get_function_configuration(FunctionName=f) for f in self.functions.values()]
-        self._metrics = LogGroupMetrics(self.client("logs"), [
+        self._emf = LogGroupMetrics(self.client("logs"), [
             (c.get("LoggingConfig") or {}).get("LogGroup") or f"/aws/lambda/{c['FunctionName']}" for c in configs])
         self.log(f"deployed stack {self.stack_name} in {time.monotonic() - started:.0f} s")
 
@@ -283,14 +277,12 @@ class DeployedStack(Stack):
 
         wait_until(until, timeout, self.pending_summary, step)
 
-    def metric_totals(self) -> Counter[str]:
-        return self._metrics.refresh()
-
     def reset(self) -> None:
         """Redis emptied, simulator reset, the poll queues purged until the functions are quiet (an
         invocation in flight may still send), the table emptied, the event sink and the metric
-        totals restarted. The deployed stack stays."""
+        totals restarted, the keys stored as at the start. The deployed stack stays."""
         self._reset_services()
+        self.store_keys()
         sqs = self.client("sqs")
         urls = [self.outputs[k] for k in ("PollQueueUrl", "PollDeadLetterQueueUrl", "CreateQueueUrl",
                                           "CreateDeadLetterQueueUrl", "FailedInvocationsQueueUrl") if k in self.outputs]
@@ -310,5 +302,5 @@ class DeployedStack(Stack):
         self.table.clear()
         self.sink.drain()
         self.sink.received.clear()
-        self._metrics.restart()
+        self._emf.restart()
 

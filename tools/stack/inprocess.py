@@ -1,20 +1,18 @@
-"""InProcessStack: the template's handlers run in this process, on moto server, against a real
-redis-server and the Sume simulator. No deploy step; seconds to start.
+"""InProcessStack: the template's handlers run in this process, on moto server, against a real redis-server and the
+Sume simulator. No deploy step; seconds to start.
 
-Starting it creates the template in moto (tools.template), stores the Sume key where the template
-reads it, sets this process's environment to the functions' (as moto's Lambda reports them) and
-loads each handler. It then plays what moto does not run: the poll function's SQS event source
-mapping (:meth:`pump`, :meth:`deliver`: receive up to the mapping's BatchSize, invoke, delete what
-succeeded; DelaySeconds and the redrive policy are moto's own), the submit function's on the
-create queue (:meth:`pump_creates`: the drains of queued submissions) and the schedules (:meth:`drive`).
+Starting it creates the template in moto (tools.template), stores the Sume keys where the template reads them, sets
+this process's environment to the functions' (as moto's Lambda reports them) and loads each handler. It then plays
+what moto does not run: the poll function's SQS event source mapping (:meth:`pump`, :meth:`deliver`: receive up to
+the mapping's BatchSize, invoke, delete what succeeded; DelaySeconds and the redrive policy are moto's own), the
+submit function's on the create queue (:meth:`pump_creates`: the drains of queued submissions) and the schedules
+(:meth:`drive`).
 
-Test hooks: ``receive()`` and ``deliver(messages, duplicate=True)`` (each message twice in one
-batch) play the event source by hand; ``make_visible(messages)`` ends their visibility timeout;
-``step_hook`` is set on the poll runner's poller before every batch (it may raise any
-BaseException: the invocation crashes and, as in Lambda, the whole batch stays undeleted);
-``last_report`` and ``outcomes`` come from the batch runner's BatchReport. Handler logs go to
-``log_path``, with what a handler prints on stdout - Powertools' EMF lines, which
-:meth:`metric_totals` adds up.
+Test hooks: ``receive()`` and ``deliver(messages, duplicate=True)`` (each message twice in one batch) play the event
+source by hand; ``make_visible(messages)`` ends their visibility timeout; ``step_hook`` is set on the poll runner's
+poller before every batch (it may raise any BaseException: the invocation crashes and, as in Lambda, the whole batch
+stays undeleted); ``last_report`` and ``outcomes`` come from the batch runner's BatchReport. Handler logs go to
+``log_path``, with what a handler prints on stdout - Powertools' EMF lines, which :meth:`metric_totals` adds up.
 """
 
 from __future__ import annotations
@@ -110,21 +108,23 @@ class InProcessStack(Stack):
 
     def __init__(self, *, time_scale: float = 1.0, parameters: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None, sim_options: Mapping[str, Any] | None = None,
-                 fast_retry: bool = True, log_path: Path | None = None, moto: MotoServer | None = None) -> None:
-        super().__init__(time_scale, parameters, sim_options)
+                 fast_retry: bool = True, log_path: Path | None = None, moto: MotoServer | None = None,
+                 keys: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+        super().__init__(time_scale, parameters, sim_options, keys)
         self._given_moto = moto
         self._env = dict(env or {})
         self.fast_retry = fast_retry
         self.log_path = log_path or SCRATCH / "logs" / f"{os.getpid()}-handlers.log"
         self.step_hook: Callable[[str, str], None] | None = None
-        self.last_report: Any = None
-        self.outcomes: Counter[str] = Counter()
-        self.crashes = 0
-        self.last_crash: BaseException | None = None
-        self._emf = EmfTotals()
         self._due: list[float] = []  # heap: monotonic times a message is expected to become visible
         self._due_lock = threading.Lock()
         self._invocations = 0  # handler invocations so far: records change only through them
+        self._tallies()
+
+    def _tallies(self) -> None:
+        """What a run counts, from nothing (at the start and on every reset)."""
+        self._emf, self.outcomes, self.crashes, self.last_report = EmfTotals(), Counter[str](), 0, None
+        self.last_crash: BaseException | None = None
         self._settled: tuple[int, tuple[str, ...]] | None = None  # not settled as of that count
 
     def _start(self, stack: ExitStack) -> None:
@@ -156,7 +156,7 @@ class InProcessStack(Stack):
         if (bus := self.parameters.get("EventBusName", "default")) != "default":
             client("events").create_event_bus(Name=bus)
         self._connect(client, self.created.outputs)
-        self._store_key()
+        self.store_keys()
         # Handler logs (Powertools Logger) to log_path.
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         prune_stale(SCRATCH / "logs")
@@ -180,10 +180,6 @@ class InProcessStack(Stack):
             module, name = spec.handler.rsplit(".", 1)
             path = spec.code_dir / f"{module.replace('.', '/')}.py"
             self.handlers[lid] = runpy.run_path(str(path), run_name=f"_stack_handler_{lid}")[name]
-
-    def _store_key(self) -> None:
-        self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
-                                         Type="SecureString", Overwrite=True)
 
     @staticmethod
     def _restore_environment(saved: dict[str, str]) -> None:
@@ -355,9 +351,6 @@ class InProcessStack(Stack):
 
         wait_until(until, timeout, describe, step)
 
-    def metric_totals(self) -> Counter[str]:
-        return Counter(self._emf.totals)
-
     def settled(self, job_ids: Iterable[str]) -> bool:
         """As :meth:`Stack.settled`, but the table is read again only after a handler ran: an idle
         :meth:`drive` asks often, and a BatchGetItem of every id is moto's costliest call."""
@@ -393,12 +386,7 @@ class InProcessStack(Stack):
             ssm.delete_parameters(Names=names[start:start + 10])
         for secret in secrets.list_secrets().get("SecretList", []):
             secrets.delete_secret(SecretId=secret["ARN"], ForceDeleteWithoutRecovery=True)
-        self._store_key()
+        self.store_keys()
         self._next_schedule = time.monotonic() + self.schedule_period
         _environment_changed()
-        self._emf.clear()
-        self._settled = None
-        self.outcomes.clear()
-        self.last_report = None
-        self.crashes = 0
-        self.last_crash = None
+        self._tallies()
