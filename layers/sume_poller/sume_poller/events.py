@@ -22,6 +22,7 @@ def terminal_event(job_id: str, record: dict[str, Any]) -> dict[str, Any]:
     return {
         "event_id": f"{job_id}:terminal",
         "job_id": job_id,
+        "key": record.get("key"),  # the job's Sume key (None: a record from before keys, the default key)
         "kind": record.get("kind"),
         "status": record.get("status"),
         "sume_status": record.get("sume_status"),
