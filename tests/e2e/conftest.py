@@ -9,6 +9,9 @@ times out after 30 real seconds. The read budget is small - 30 reads per clock m
 real second - so a burst of jobs makes it bind. The daily caps are off: on a compressed clock a
 day's budget is paced over 72 real minutes, longer than this tier runs, so it would only slow the
 tests down without testing anything the minute window does not (tests/integration/test_budget.py holds both).
+
+Two Sume keys are deployed: the default one and ``acme`` (its own workspace at the simulator, 20
+reads a clock minute, an entry in the key configuration secret that ``SumeKeysSecretName`` names).
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from tools.stack.deployed import DeployedStack
 SCALE = 0.05
 PARAMETERS = {"JobMaxAgeSeconds": 600, "ReadsPerMinute": 30, "ReadsPerDay": 0, "CreatesPerMinute": 0,
               "CreatesPerDay": 0}
+KEYS = {"acme": {"read_budget": {"per_minute": 20}}}
 
 
 @pytest.fixture(scope="session")
 def deployed_stack() -> Iterator[DeployedStack]:
-    with DeployedStack(time_scale=SCALE, parameters=PARAMETERS, stack_name="sume-poller-e2e") as stack:
+    with DeployedStack(time_scale=SCALE, parameters=PARAMETERS, stack_name="sume-poller-e2e", keys=KEYS) as stack:
         yield stack
 
 
