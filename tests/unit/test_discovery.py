@@ -230,6 +230,20 @@ def test_a_delivery_for_a_job_already_finished_or_not_ours_reads_nothing(hooks: 
     assert hooks.deliver("job_t", event_id="evt_2")[0] == 202 and hooks.queue.sent == []
 
 
+def test_one_keys_event_ids_never_silence_another_keys_delivery(hooks: Hooks) -> None:
+    """Event ids are remembered per key: a delivery signed with one workspace's secret (a tenant
+    may hold its own) cannot mark another workspace's event id seen and drop its delivery."""
+    hooks.receiver.secrets = lambda: {"default": SECRET, "acme": "whsec_acme"}
+    now = hooks.clock.now()
+    hooks.store.put_pending("job_b", "video", now=now, deadline_at=int(now) + 60, key="acme")
+    hooks.store.put_pending("job_d", "video", now=now, deadline_at=int(now) + 60)
+    hooks.lease.values["job_b"] = hooks.lease.values["job_d"] = "ab" * 16 + ":2"
+    assert hooks.deliver("job_d", "evt_shared")[0] == 202  # the default key's delivery, its own job
+    assert hooks.deliver("job_b", "evt_shared", secret="whsec_acme") == (202, {"job_id": "job_b", "queued": True})
+    assert [parse_message(m.body).job_id for m in hooks.queue.sent] == ["job_d", "job_b"]
+    assert hooks.deliver("job_b", "evt_shared", secret="whsec_acme") == (200, {"duplicate": True})  # its own repeat
+
+
 def dated(job_id: str, status: str, created: float) -> dict[str, object]:
     return {"id": job_id, "status": status, "created_at": created}
 

@@ -13,7 +13,8 @@ can be lost: polling stays the safety net, on the safety cadence, for the lost o
 
 With several Sume keys, each key's integration has its own signing secret: the delivery is
 checked against each (in constant time) and the one that verifies names the key; a job of another
-key is left alone (a workspace cannot hand over another's jobs).
+key is left alone (a workspace cannot hand over another's jobs), and event ids are remembered per
+key (one workspace's deliveries cannot mark another's seen).
 
 Answers: 202 accepted (a chain step was queued, or the job needs nothing), 200 a duplicate event
 id, 400 malformed, 401 a bad signature or a timestamp outside the tolerance (a replay), 413 a body
@@ -111,10 +112,11 @@ class WebhookReceiver:
             coverage = self.coverage if isinstance(self.coverage, CoverageStore) else self.coverage(key)
             with contextlib.suppress(*RedisFailure):
                 coverage.webhook_arrived(self.clock.now())
-        if self._seen(event_id):
+        seen = self._seen_key(key, event_id)
+        if self._seen(seen):
             return Answer(200, {"duplicate": True})
         queued = self._hand_over(job_id, str(payload.get("type") or ""), payload.get("data") or {}, key)
-        self._remember(event_id)
+        self._remember(seen)
         logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
         return Answer(202, {"job_id": job_id, "queued": queued})
 
@@ -126,13 +128,19 @@ class WebhookReceiver:
                 found = key
         return found
 
-    def _seen(self, event_id: str) -> bool:
-        return bool(self.lease.client.exists(self.seen_prefix + event_id))
+    def _seen_key(self, key: str, event_id: str) -> str:
+        """Where an event id of ``key`` is remembered: per key, so one workspace's deliveries (signed
+        with a secret its tenant may hold) never mark another's event ids seen; the default key's
+        as before keys."""
+        return self.seen_prefix + (event_id if key == self.default_key else f"{key}:{event_id}")
 
-    def _remember(self, event_id: str) -> None:
+    def _seen(self, seen_key: str) -> bool:
+        return bool(self.lease.client.exists(seen_key))
+
+    def _remember(self, seen_key: str) -> None:
         try:
             ttl = max(1, int(self.clock.to_real(2 * self.tolerance)))
-            self.lease.client.set(self.seen_prefix + event_id, "1", ex=ttl)
+            self.lease.client.set(seen_key, "1", ex=ttl)
         except RedisFailure as exc:
             logger.warning("webhook event id not remembered", extra=describe(exc))
 
