@@ -282,7 +282,7 @@ class Stack(ABC):
     def metric_totals(self, key: str | None = None) -> Counter[str]:
         """Per metric name, the sum of the EMF lines since the start or :meth:`reset` (``key``: with its dimension)."""
         self._emf.refresh()
-        return Counter(self._emf.totals if key is None else self._emf.by_key.get(key, {}))
+        return Counter(self._emf.totals if key is None else self._emf.by_key.get(key, Counter()))
 
     @abstractmethod
     def reset(self) -> None:

@@ -123,7 +123,8 @@ class InProcessStack(Stack):
 
     def _tallies(self) -> None:
         """What a run counts, from nothing (at the start and on every reset)."""
-        self._emf, self.outcomes, self.crashes, self.last_report = EmfTotals(), Counter[str](), 0, None
+        self._emf, self.outcomes, self.crashes = EmfTotals(), Counter[str](), 0
+        self.last_report: Any = None
         self.last_crash: BaseException | None = None
         self._settled: tuple[int, tuple[str, ...]] | None = None  # not settled as of that count
 

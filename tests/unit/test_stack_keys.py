@@ -1,0 +1,22 @@
+"""The local stacks' key configuration (tools/stack/base.py): what ``keys=`` writes is what the
+functions' key ring parses, each key's limits those its simulator options enforce."""
+
+from __future__ import annotations
+
+import json
+
+from sume_poller.keys import KeyRing, Limits
+from tools.stack.inprocess import InProcessStack
+
+
+def test_the_key_configuration_of_keys_is_the_format_the_key_ring_parses() -> None:
+    stack = InProcessStack(keys={"acme": {"read_budget": {"per_minute": 10, "per_day": None},
+                                          "create_budget": {"per_day": 50}, "webhook_secret": "whsec_acme"},
+                                 "globex": {"workspace": "ws_globex"}})  # not started: no service runs
+    stack.keys = {"acme": "sume_local_acme_1", "globex": "sume_local_globex_1"}
+    defaults = Limits(120, 0, 0, 0)
+    keys = {k.id: k for k in KeyRing("default", defaults=defaults).parse(json.dumps(stack.key_config()))}
+    assert keys["acme"].limits == Limits(10, 0, 0, 50)  # per_day None: the deployment's (here 0)
+    assert keys["acme"].api_key() == "sume_local_acme_1" and keys["acme"].webhook_secret() == "whsec_acme"  # type: ignore[misc]
+    assert keys["globex"].limits == defaults and keys["globex"].webhook_secret is None
+    assert not keys["acme"].default and stack._key_options["acme"]["workspace"] == "acme"
