@@ -3,13 +3,12 @@
     python -m tools.demo [--backend deployed|inprocess] [--jobs 300] [--time-scale 0.1]
                          [--seed 7] [--timeout 600] [--param Key=Value ...]
 
-``deployed`` (default, ``make demo``): template.yaml built and deployed into ministack, whose
-schedule, SQS event source and Lambdas do the work; ``inprocess``: the handlers in this process on
-moto server. Either way redis-server, the Sume simulator and the AWS side run on free 127.0.0.1
-ports and are stopped on exit or Ctrl-C. ``--time-scale`` is the one clock knob (0.1: a clock
-second lasts 0.1 s) of the functions and the simulator alike: the jobs' durations, Sume's hints
-and the read budget (120 reads a clock minute unless ``--param ReadsPerMinute=...``) are clock
-time. Exit status 1 if a job was lost (not terminal in time) or finished twice.
+``deployed`` (default, ``make demo``): template.yaml built and deployed into ministack, whose schedule, SQS event
+source and Lambdas do the work; ``inprocess``: the handlers in this process on moto server. Either way redis-server,
+the Sume simulator and the AWS side run on free 127.0.0.1 ports and are stopped on exit or Ctrl-C. ``--time-scale``
+is the one clock knob (0.1: a clock second lasts 0.1 s) of the functions and the simulator alike: the jobs'
+durations, Sume's hints and the read budget (120 reads a clock minute unless ``--param ReadsPerMinute=...``) are
+clock time. Exit status 1 if a job was lost (not terminal in time) or finished twice.
 """
 
 from __future__ import annotations
@@ -72,8 +71,8 @@ def plan_jobs(count: int, seed: int) -> list[dict[str, Any]]:
 
 
 def kind_lines(stack: Stack, records: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """Per kind (and finer profile), the learned model as the poll function fits it now, and what
-    sweeps proved about the kind (chains stretch only where they did)."""
+    """Per kind (and finer profile), the learned model as the poll function fits it now, and what sweeps proved about
+    the kind (chains stretch only where they did)."""
     profiles = {str(r[key]) for r in records for key in ("kind", "profile") if r.get(key)}
     lines = [(f"model {profile}", text) for profile, text in model_lines(stack.table, profiles, stack.clock.now)]
     with redis.Redis.from_url(stack.redis_url, decode_responses=True) as client:

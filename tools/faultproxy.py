@@ -1,16 +1,16 @@
-"""A TCP proxy between a Redis client and server that loses, delays or replaces replies on demand:
-what a real network (and an ElastiCache failover) does to Redis commands, with a real client and
-a real server. A fault is armed for the next ``times`` commands of a name (any case)::
+"""A TCP proxy between a Redis client and server that loses, delays or replaces replies on demand: what a real network
+(and an ElastiCache failover) does to Redis commands, with a real client and a real server. A fault is armed for the
+next ``times`` commands of a name (any case)::
 
     with RedisServer() as server, FaultProxy("127.0.0.1", server.port) as proxy:
         client = redis.Redis.from_url(proxy.url, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         proxy.drop_reply("SET")
         client.set("k", "v")  # raises redis.ConnectionError, yet k is set on the server
 
-It reads just enough RESP (RESP2 and RESP3) to find where each command ends in the client's byte
-stream (pipelines included) and which server reply answers it: on one connection, replies come
-in the order of the commands (out-of-band RESP3 pushes are not matched to commands). Standard
-library only: an asyncio event loop in a thread of its own serves every connection.
+It reads just enough RESP (RESP2 and RESP3) to find where each command ends in the client's byte stream (pipelines
+included) and which server reply answers it: on one connection, replies come in the order of the commands
+(out-of-band RESP3 pushes are not matched to commands). Standard library only: an asyncio event loop in a thread of
+its own serves every connection.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def _value_end(buf: bytearray, pos: int) -> int | None:
 
 
 def _command_end(buf: bytearray) -> tuple[int, str] | None:
-    """(end, upper-case name) of the client command at the start of ``buf``; None while incomplete.
-    Clients send arrays of bulk strings; inline commands (one text line, as redis-cli) are read too."""
+    """(end, upper-case name) of the client command at the start of ``buf``; None while incomplete. Clients send arrays
+    of bulk strings; inline commands (one text line, as redis-cli) are read too."""
     if buf[:1] != b"*":
         if (eol := buf.find(b"\n")) < 0:
             return None
@@ -123,8 +123,8 @@ class FaultProxy:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=10.0)
 
     def drop_reply(self, command: str, times: int = 1) -> None:
-        """The next ``times`` ``command``s run on the server; their replies are dropped and the
-        client's connection closed."""
+        """The next ``times`` ``command``s run on the server; their replies are dropped and the client's connection
+        closed."""
         self._arm(_Fault("drop_reply", command.upper(), times))
 
     def delay_reply(self, command: str, seconds: float, times: int = 1) -> None:

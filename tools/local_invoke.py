@@ -3,15 +3,14 @@
     python -m tools.local_invoke PollFunction -e events/poll.json \\
         [--env-vars env.json] [--parameter-overrides K=V ...] [--template template.yaml] [--region R]
 
-The function is resolved as the in-process stack resolves it (:func:`tools.template.resolve`),
-kept in ``.scratch/invoke`` for the next run with the same template, parameters and region, and
-its handler runs in a fresh Python process (sam's fresh container): ``sys.path`` starts with its
-code dir and layers; the environment is this one's, Lambda's variables, then the function's own;
-the context counts down from its Timeout. The result goes to stdout, whatever the handler logs or
-prints to stderr. A handler that raises exits 1 (Lambda's error document on stdout); one still
-running at its Timeout is ended by an interval timer's SIGALRM (even one holding the GIL), its
-process group killed, and exits 124 ("Function timed out after N s"). Only the standard library
-is imported at import time: the child loads this file by path, the repository off its sys.path.
+The function is resolved as the in-process stack resolves it (:func:`tools.template.resolve`), kept in
+``.scratch/invoke`` for the next run with the same template, parameters and region, and its handler runs in a fresh
+Python process (sam's fresh container): ``sys.path`` starts with its code dir and layers; the environment is this
+one's, Lambda's variables, then the function's own; the context counts down from its Timeout. The result goes to
+stdout, whatever the handler logs or prints to stderr. A handler that raises exits 1 (Lambda's error document on
+stdout); one still running at its Timeout is ended by an interval timer's SIGALRM (even one holding the GIL), its
+process group killed, and exits 124 ("Function timed out after N s"). Only the standard library is imported at
+import time: the child loads this file by path, the repository off its sys.path.
 """
 
 from __future__ import annotations
@@ -83,9 +82,9 @@ def make_context(spec: FunctionSpec, request_id: str | None = None) -> LambdaCon
 
 
 def prepare_environment(spec: FunctionSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The handler process's environment: ``base`` (default: this process's: PATH, credentials,
-    AWS_ENDPOINT_URL...), the variables Lambda sets, then the function's own, which win.
-    AWS_REGION and AWS_DEFAULT_REGION default to each other, else us-east-1."""
+    """The handler process's environment: ``base`` (default: this process's: PATH, credentials, AWS_ENDPOINT_URL...),
+    the variables Lambda sets, then the function's own, which win. AWS_REGION and AWS_DEFAULT_REGION default to each
+    other, else us-east-1."""
     env = dict(os.environ if base is None else base)
     env.update({"AWS_LAMBDA_FUNCTION_NAME": spec.function_name, "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(spec.memory),
                 "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST", "AWS_LAMBDA_FUNCTION_TIMEOUT": str(spec.timeout),
@@ -99,9 +98,9 @@ def prepare_environment(spec: FunctionSpec, base: Mapping[str, str] | None = Non
 
 
 def apply_env_vars(spec: FunctionSpec, env_vars: Mapping[str, Any], warn: IO[str] | None = None) -> FunctionSpec:
-    """``spec`` under a SAM ``--env-vars`` document: ``Parameters`` applies to every function, the
-    entry keyed by the function's logical id (or else its FunctionName) to this one, and wins. As
-    sam does, only variables the function declares are set; the others are ignored (said on ``warn``)."""
+    """``spec`` under a SAM ``--env-vars`` document: ``Parameters`` applies to every function, the entry keyed by the
+    function's logical id (or else its FunctionName) to this one, and wins. As sam does, only variables the function
+    declares are set; the others are ignored (said on ``warn``)."""
     overrides = {**(env_vars.get("Parameters") or {}),
                  **(env_vars.get(spec.logical_id) or env_vars.get(spec.function_name) or {})}
     ignored = sorted(set(overrides) - set(spec.environment))
@@ -119,8 +118,8 @@ def apply_env_vars(spec: FunctionSpec, env_vars: Mapping[str, Any], warn: IO[str
 
 @dataclasses.dataclass(frozen=True)
 class InvokeResult:
-    """One invocation: the child's exit code, the parsed result (or Lambda's error document),
-    its raw stdout and its stderr."""
+    """One invocation: the child's exit code, the parsed result (or Lambda's error document), its raw stdout and its
+    stderr."""
 
     returncode: int
     payload: Any
@@ -136,9 +135,9 @@ def _python_paths(spec: FunctionSpec) -> list[str]:
 
 def invoke_subprocess(spec: FunctionSpec, event: Any, extra_env: Mapping[str, str] | None = None,
                       timeout: float | None = None, stream_stderr: IO[str] | None = None) -> InvokeResult:
-    """Run ``spec``'s handler once on ``event`` in a fresh interpreter. ``extra_env`` goes over the
-    function's variables; ``timeout`` replaces its Timeout; ``stream_stderr`` (a file) gets the
-    child's logs as they come instead of the result's ``stderr``."""
+    """Run ``spec``'s handler once on ``event`` in a fresh interpreter. ``extra_env`` goes over the function's
+    variables; ``timeout`` replaces its Timeout; ``stream_stderr`` (a file) gets the child's logs as they come
+    instead of the result's ``stderr``."""
     timeout_s = float(spec.timeout if timeout is None else timeout)
     env = {**prepare_environment(spec), **(extra_env or {})}
     config = {"handler": spec.handler, "paths": _python_paths(spec), "timeout": timeout_s, "event": event,
@@ -237,9 +236,9 @@ def parse_parameter_overrides(items: Sequence[str]) -> dict[str, str]:
 
 
 def functions(template: Path, overrides: Mapping[str, str], region: str) -> dict[str, FunctionSpec]:
-    """The template's functions as :func:`tools.template.resolve` makes them, kept in
-    ``.scratch/invoke`` by the template (its path and text), tools/template.py's text, the overrides
-    and the region (a resolve imports moto's CloudFormation: seconds; `make invoke` runs again and again)."""
+    """The template's functions as :func:`tools.template.resolve` makes them, kept in ``.scratch/invoke`` by the
+    template (its path and text), tools/template.py's text, the overrides and the region (a resolve imports moto's
+    CloudFormation: seconds; `make invoke` runs again and again)."""
     import hashlib
     import pickle
 

@@ -2,15 +2,13 @@
 
     python -m tools.ops status|models|redrive [--stack NAME] [--config-env default|dev|prod] [--max-per-second N]
 
-The stack (default: samconfig.toml's ``stack_name`` of the config environment) is found through
-CloudFormation: its outputs name the table and the queues. AWS access is the usual configuration;
-with ``AWS_ENDPOINT_URL`` set the same commands talk to a local emulator such as ministack (with
-dummy credentials when none are configured). ``status``: counts by status (one paginated scan of
-four attributes), the oldest pending job, the depths of the poll queue and its DLQ. ``models``:
-every profile's learned completion-time model as the poll function fits it from the statistics
-items. ``redrive``: an SQS message move task from the DLQ back to the poll queue
-(StartMessageMoveTask, which neither moto nor ministack implements: tests/e2e/test_deployed_stack.py
-tests it against botocore's Stubber).
+The stack (default: samconfig.toml's ``stack_name`` of the config environment) is found through CloudFormation: its
+outputs name the table and the queues. AWS access is the usual configuration; with ``AWS_ENDPOINT_URL`` set the same
+commands talk to a local emulator such as ministack (with dummy credentials when none are configured). ``status``:
+counts by status (one paginated scan of four attributes), the oldest pending job, the depths of the poll queue and
+its DLQ. ``models``: every profile's learned completion-time model as the poll function fits it from the statistics
+items. ``redrive``: an SQS message move task from the DLQ back to the poll queue (StartMessageMoveTask, which
+neither moto nor ministack implements: tests/e2e/test_deployed_stack.py tests it against botocore's Stubber).
 """
 
 from __future__ import annotations
@@ -51,8 +49,8 @@ def default_stack_name(config_env: str, samconfig: Path = ROOT / "samconfig.toml
 
 
 def clients() -> Callable[[str], Any]:
-    """boto3 clients from the usual configuration (a local endpoint gets dummy credentials and
-    us-east-1 when none are configured)."""
+    """boto3 clients from the usual configuration (a local endpoint gets dummy credentials and us-east-1 when none are
+    configured)."""
     import boto3
 
     session: Any = boto3.session.Session()
@@ -84,8 +82,8 @@ class StackView:
 
 
 def status(view: StackView, ddb: Any, sqs: Any) -> str:
-    """Counts by status, the oldest pending job, the depths of the poll queue and its DLQ, and of
-    the create queue (the drains of queued submissions) and its DLQ."""
+    """Counts by status, the oldest pending job, the depths of the poll queue and its DLQ, and of the create queue (the
+    drains of queued submissions) and its DLQ."""
     records = JobTable(ddb, view.output("JobsTableName")).scan(["status", "kind", "submitted_at"])
     by_status = Counter(str(r.get("status")) for r in records)
     lines = [f"stack {view.name} (table {view.output('JobsTableName')})", f"pending            {by_status['pending']}"]

@@ -1,10 +1,10 @@
-"""Local services for tests, the demo and CI - ``with RedisServer() as redis, MotoServer() as moto``
-(``redis.url``, ``moto.endpoint_url``) - run by mirakuru: each on a free 127.0.0.1 port (a port
-already taken is refused), ready once it accepts connections (with a deadline), stopped by its
-process group (SIGTERM, then SIGKILL), killed at interpreter exit; its output quoted if it fails
-to start. What mirakuru does not know, kept here: Redis in the shapes AWS runs it - an AUTH token,
-an ACL user with the default user disabled (ElastiCache RBAC), cluster mode (:class:`RedisCluster`,
-joined with ``redis-cli --cluster create``); URLs never carry credentials, ``.credentials`` gives them.
+"""Local services for tests, the demo and CI - ``with RedisServer() as redis, MotoServer() as moto`` (``redis.url``,
+``moto.endpoint_url``) - run by mirakuru: each on a free 127.0.0.1 port (a port already taken is refused), ready
+once it accepts connections (with a deadline), stopped by its process group (SIGTERM, then SIGKILL), killed at
+interpreter exit; its output quoted if it fails to start. What mirakuru does not know, kept here: Redis in the
+shapes AWS runs it - an AUTH token, an ACL user with the default user disabled (ElastiCache RBAC), cluster mode
+(:class:`RedisCluster`, joined with ``redis-cli --cluster create``); URLs never carry credentials, ``.credentials``
+gives them.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def free_port() -> int:
 
 
 class Service(TCPExecutor):  # type: ignore[misc]
-    """A child process on ``127.0.0.1:port``, ready once it accepts connections; start-up
-    failures are a :class:`ServiceError` with the end of its output."""
+    """A child process on ``127.0.0.1:port``, ready once it accepts connections; start-up failures are a
+    :class:`ServiceError` with the end of its output."""
 
     name = "service"
 
@@ -99,10 +99,10 @@ def _acl_rule(password: str) -> str:
 
 
 class RedisServer(Service):
-    """``redis-server`` on 127.0.0.1 without persistence; ``.url`` is ``redis://127.0.0.1:P/0``.
-    ``password``: the default user needs it (ElastiCache's AUTH token). ``acl_user=(name, password)``:
-    a user with full access, the default user disabled (ElastiCache RBAC). The users go to a config
-    file in the server's temporary directory (its working directory too: no dump file lands here)."""
+    """``redis-server`` on 127.0.0.1 without persistence; ``.url`` is ``redis://127.0.0.1:P/0``. ``password``: the
+    default user needs it (ElastiCache's AUTH token). ``acl_user=(name, password)``: a user with full access, the
+    default user disabled (ElastiCache RBAC). The users go to a config file in the server's temporary directory (its
+    working directory too: no dump file lands here)."""
 
     name = "redis-server"
 
@@ -138,10 +138,10 @@ class RedisServer(Service):
 
 
 class RedisCluster:
-    """``masters`` redis-server nodes in cluster mode without replicas, joined with
-    ``redis-cli --cluster create``: the shape of ElastiCache cluster mode (and Serverless). Ready
-    when ``CLUSTER INFO`` says ``cluster_state:ok`` on every node. ``.url`` is the first node
-    (cluster clients discover the others); ``.nodes`` lists every ``(host, port)``."""
+    """``masters`` redis-server nodes in cluster mode without replicas, joined with ``redis-cli --cluster create``: the
+    shape of ElastiCache cluster mode (and Serverless). Ready when ``CLUSTER INFO`` says ``cluster_state:ok`` on
+    every node. ``.url`` is the first node (cluster clients discover the others); ``.nodes`` lists every ``(host,
+    port)``."""
 
     def __init__(self, masters: int = 3, password: str | None = None, ready_timeout: float = READY_TIMEOUT_S) -> None:
         if masters < 3:
@@ -212,10 +212,10 @@ class RedisCluster:
 
 
 def speed_up_moto() -> None:
-    """Two changes to moto, in its server and in this process's mock alike: its dispatcher's listing
-    of moto's package directory on every request (~150 stat calls, a tenth of the server's CPU in
-    the test runs) is read once; a JSON template body is read with json, not PyYAML's pure-Python
-    loader (80 ms for this template, on every CreateStack)."""
+    """Two changes to moto, in its server and in this process's mock alike: its dispatcher's listing of moto's package
+    directory on every request (~150 stat calls, a tenth of the server's CPU in the test runs) is read once; a JSON
+    template body is read with json, not PyYAML's pure-Python loader (80 ms for this template, on every
+    CreateStack)."""
     import functools
     import json
 

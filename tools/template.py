@@ -1,29 +1,26 @@
-"""template.yaml made into AWS resources by libraries, not by hand: the SAM transform is
-aws-sam-translator's (the SAM CLI's), CloudFormation is moto's - CreateStack on the moto server a
-local stack runs on, or in moto's in-memory mock for a look-up (:func:`resolve`) - and what a
-local run needs is read back through the AWS APIs. No intrinsic function is evaluated here.
+"""template.yaml made into AWS resources by libraries, not by hand: the SAM transform is aws-sam-translator's (the SAM
+CLI's), CloudFormation is moto's - CreateStack on the moto server a local stack runs on, or in moto's in-memory mock
+for a look-up (:func:`resolve`) - and what a local run needs is read back through the AWS APIs. No intrinsic
+function is evaluated here.
 
-What moto's CloudFormation cannot do, handled in :func:`for_moto` (and read back in
-:func:`create_stack`):
+What moto's CloudFormation cannot do, handled in :func:`for_moto` (and read back in :func:`create_stack`):
 
-* It has no model for ``AWS::CloudWatch::Alarm``, ``AWS::S3::BucketPolicy``,
-  ``AWS::SQS::QueuePolicy``, ``AWS::Lambda::EventInvokeConfig`` and ``AWS::Lambda::Url``
-  (:data:`MOTO_LACKS`: it would skip them, then fail on a GetAtt of one), and its LayerVersion's
-  Ref is no string. Nor does it fire a schedule, and it sends every event put on a bus to a rule
-  without a pattern (a schedule rule), failing on its Lambda target. Each of these becomes an
-  ``AWS::SSM::Parameter`` holding its properties as JSON (``Fn::ToJsonString``), with the same
-  Condition: moto still evaluates them, :attr:`Created.properties` gives what the template makes
-  of each, and the schedules are read from them. A GetAtt of one becomes a placeholder (a
-  function URL's: ``https://<id>.lambda-url.<region>.on.aws/``; a local stack serves no URL).
-* It would run the SQS event source mappings itself (the poll queue's, the create queue's),
-  invoking the function in Docker on every message: they are created disabled (the in-process
-  stack plays them).
-* A function's code is inline (the code runs from its local directory, which the translated
-  template keeps as the S3 key of its CodeUri); moto drops a function's layers, architecture and
-  logging config: those are read from the translated template, or from ``mirror`` stubs.
-* It keeps a ``Ref AWS::NoValue`` inside a list as null (dropped when read back), passes Number
-  parameters on as numbers (environment values are read back as strings) and does not evaluate
-  the template's Rules (tests/unit/test_template_real_account.py does).
+* It has no model for ``AWS::CloudWatch::Alarm``, ``AWS::S3::BucketPolicy``, ``AWS::SQS::QueuePolicy``,
+  ``AWS::Lambda::EventInvokeConfig`` and ``AWS::Lambda::Url`` (:data:`MOTO_LACKS`: it would skip them, then fail on
+  a GetAtt of one), and its LayerVersion's Ref is no string. Nor does it fire a schedule, and it sends every event
+  put on a bus to a rule without a pattern (a schedule rule), failing on its Lambda target. Each of these becomes an
+  ``AWS::SSM::Parameter`` holding its properties as JSON (``Fn::ToJsonString``), with the same Condition: moto still
+  evaluates them, :attr:`Created.properties` gives what the template makes of each, and the schedules are read from
+  them. A GetAtt of one becomes a placeholder (a function URL's: ``https://<id>.lambda-url.<region>.on.aws/``; a
+  local stack serves no URL).
+* It would run the SQS event source mappings itself (the poll queue's, the create queue's), invoking the function in
+  Docker on every message: they are created disabled (the in-process stack plays them).
+* A function's code is inline (the code runs from its local directory, which the translated template keeps as the S3
+  key of its CodeUri); moto drops a function's layers, architecture and logging config: those are read from the
+  translated template, or from ``mirror`` stubs.
+* It keeps a ``Ref AWS::NoValue`` inside a list as null (dropped when read back), passes Number parameters on as
+  numbers (environment values are read back as strings) and does not evaluate the template's Rules
+  (tests/unit/test_template_real_account.py does).
 """
 
 from __future__ import annotations
@@ -81,10 +78,10 @@ def translate(template: Mapping[str, Any], parameters: Mapping[str, Any] | None 
 
 def for_moto(translated: Mapping[str, Any], names: Mapping[str, str] | None = None, mirror: bool = False,
              outputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The translated template as moto's CloudFormation can create it (see the module docstring);
-    ``names`` sets physical names by logical id (tables, queues, buckets); ``mirror`` keeps every
-    resource's properties in a stub too (moto drops some properties it does not use: a function's
-    LoggingConfig...), ``outputs`` adds outputs (any value to resolve)."""
+    """The translated template as moto's CloudFormation can create it (see the module docstring); ``names`` sets
+    physical names by logical id (tables, queues, buckets); ``mirror`` keeps every resource's properties in a stub
+    too (moto drops some properties it does not use: a function's LoggingConfig...), ``outputs`` adds outputs (any
+    value to resolve)."""
     stubbed = {lid: r["Type"] for lid, r in translated["Resources"].items() if _stubbed(r)}
 
     def placeholders(node: Any) -> Any:
@@ -126,8 +123,8 @@ def for_moto(translated: Mapping[str, Any], names: Mapping[str, str] | None = No
 
 
 def _stubbed(resource: Mapping[str, Any]) -> bool:
-    """moto has no model for its type, or it is a schedule rule: moto fires no schedule, and it
-    sends every event put on the bus to a rule without a pattern (failing on a Lambda target)."""
+    """moto has no model for its type, or it is a schedule rule: moto fires no schedule, and it sends every event put
+    on the bus to a rule without a pattern (failing on a Lambda target)."""
     return resource["Type"] in MOTO_LACKS or (
         resource["Type"] == "AWS::Events::Rule" and "ScheduleExpression" in (resource.get("Properties") or {}))
 
@@ -150,8 +147,8 @@ def _stub_properties(client: Clients, names: Mapping[str, str]) -> dict[str, dic
 
 @dataclass(frozen=True)
 class Function:
-    """What running one function locally needs: its configuration as the stack created it, and
-    what moto leaves out of that, from the translated template."""
+    """What running one function locally needs: its configuration as the stack created it, and what moto leaves out of
+    that, from the translated template."""
 
     logical_id: str
     function_name: str
@@ -170,8 +167,8 @@ class Function:
 @dataclass
 class Created:
     """A stack created from the template: its outputs, each resource's physical id by logical id
-    (``created["PollQueue"]``: the queue's URL), the functions, the schedules (function logical id
-    -> schedule expression) and the poll queue's event source mapping."""
+    (``created["PollQueue"]``: the queue's URL), the functions, the schedules (function logical id -> schedule
+    expression) and the poll queue's event source mapping."""
 
     translated: dict[str, Any]
     outputs: dict[str, str]
@@ -184,8 +181,8 @@ class Created:
 
     @cached_property
     def properties(self) -> dict[str, dict[str, Any]]:
-        """Logical id -> properties as the template resolves them, of each resource moto has no
-        model for (and of every resource, where the stack was created with ``mirror``)."""
+        """Logical id -> properties as the template resolves them, of each resource moto has no model for (and of every
+        resource, where the stack was created with ``mirror``)."""
         stubs = {lid: lid for lid, r in self.translated["Resources"].items() if _stubbed(r)}
         stubs.update({MIRROR.format(lid): lid for lid in self.translated["Resources"]})
         return _stub_properties(self.client, {name: stubs[lid] for lid, name in self.resources.items() if lid in stubs})
@@ -204,8 +201,8 @@ Provisioned = Created
 def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Mapping[str, Any] | None = None, *,
                  stack_name: str = STACK_NAME, names: Mapping[str, str] | None = None, base_dir: Path = ROOT,
                  mirror: bool = False, outputs: Mapping[str, Any] | None = None) -> Created:
-    """CreateStack of the translated template on a moto endpoint (``client(service)`` gives its
-    clients), then what it made, read back through the AWS APIs (see :func:`for_moto`)."""
+    """CreateStack of the translated template on a moto endpoint (``client(service)`` gives its clients), then what it
+    made, read back through the AWS APIs (see :func:`for_moto`)."""
     document = for_moto(translated, names, mirror, outputs)
     cfn, lam, resources = client("cloudformation"), client("lambda"), translated["Resources"]
     cfn.create_stack(StackName=stack_name, TemplateBody=json.dumps(document, separators=(",", ":")),
@@ -245,9 +242,8 @@ def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Map
 
 @cache  # a client parses botocore's model of its service: a tenth of a second each
 def aws_clients(endpoint_url: str | None = None, region: str = REGION) -> Clients:
-    """``client(service)`` with dummy credentials, one client per service: on ``endpoint_url`` (a
-    local stack's), else on AWS's own endpoints whatever AWS_ENDPOINT_URL says (where moto's
-    in-memory mock answers)."""
+    """``client(service)`` with dummy credentials, one client per service: on ``endpoint_url`` (a local stack's), else
+    on AWS's own endpoints whatever AWS_ENDPOINT_URL says (where moto's in-memory mock answers)."""
     import boto3
     from botocore.config import Config
 
@@ -279,8 +275,8 @@ def _resolved(path: Path, parameters: tuple[tuple[str, str], ...], region: str, 
 
 def resolve(parameters: Mapping[str, Any] | None = None, path: str | Path = TEMPLATE, region: str = REGION,
             outputs: Mapping[str, Any] | None = None) -> Created:
-    """The template created with ``parameters`` in moto's in-memory mock (cached per arguments):
-    what it resolves to - every resource's properties too (``mirror``), and ``outputs`` added to
-    its own (any expression: moto evaluates it) - without any running service."""
+    """The template created with ``parameters`` in moto's in-memory mock (cached per arguments): what it resolves to -
+    every resource's properties too (``mirror``), and ``outputs`` added to its own (any expression: moto evaluates
+    it) - without any running service."""
     key = tuple(sorted((k, str(v)) for k, v in (parameters or {}).items()))
     return _resolved(Path(path).resolve(), key, region, json.dumps(outputs or {}, sort_keys=True))

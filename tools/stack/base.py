@@ -1,11 +1,11 @@
 """The local stack: one interface over two ways of running template.yaml, and what both share.
 
-A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator, the AWS
-resources and the template's functions - behind one API for the demo, the tests and the
-benchmarks, whatever runs the functions (:mod:`tools.stack.inprocess`, :mod:`tools.stack.deployed`).
-Its clock scale is one knob: the functions' ``TimeScale`` parameter and the simulator's
-``time_scale``, so both sides agree on every duration, hint and budget window. Shared here: the
-terminal-event sink, the job table, queue reading, the totals of Powertools' EMF metric lines.
+A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator, the AWS resources and the
+template's functions - behind one API for the demo, the tests and the benchmarks, whatever runs the functions
+(:mod:`tools.stack.inprocess`, :mod:`tools.stack.deployed`). Its clock scale is one knob: the functions'
+``TimeScale`` parameter and the simulator's ``time_scale``, so both sides agree on every duration, hint and budget
+window. Shared here: the terminal-event sink, the job table, queue reading, the totals of Powertools' EMF metric
+lines.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def require(path: Path, what: str) -> Path:
 
 
 def prune_stale(parent: Path) -> None:
-    """Remove the ``<pid>-...`` files and directories of processes that are gone (a run that was
-    killed before it could clean up)."""
+    """Remove the ``<pid>-...`` files and directories of processes that are gone (a run that was killed before it could
+    clean up)."""
     for entry in parent.glob("*-*"):
         pid = entry.name.split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not Path(f"/proc/{pid}").exists():
@@ -81,8 +81,8 @@ class EventSink:
         self.received: list[dict[str, Any]] = []
 
     def drain(self, wait_seconds: int = 0) -> list[dict[str, Any]]:
-        """Receive and delete what the sink holds now (the first receive may long-poll
-        ``wait_seconds``); the new details, which are also appended to ``received``."""
+        """Receive and delete what the sink holds now (the first receive may long-poll ``wait_seconds``); the new
+        details, which are also appended to ``received``."""
         new: list[dict[str, Any]] = []
         while messages := self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10,
                                                    WaitTimeSeconds=0 if new else wait_seconds).get("Messages", []):
@@ -94,9 +94,9 @@ class EventSink:
 
 
 class JobTable(JobStore):
-    """The jobs table, read consistently and decoded to plain Python (numbers as int/float):
-    ``get`` and ``get_many`` (alias ``batch_get``) are the layer's own reads; ``scan`` leaves the
-    per-profile statistics items (keys starting with ``#``) out unless ``stats``."""
+    """The jobs table, read consistently and decoded to plain Python (numbers as int/float): ``get`` and ``get_many``
+    (alias ``batch_get``) are the layer's own reads; ``scan`` leaves the per-profile statistics items (keys starting
+    with ``#``) out unless ``stats``."""
 
     def __init__(self, ddb: Any, name: str) -> None:
         super().__init__(name, 1, ddb=ddb)
@@ -134,9 +134,9 @@ def queue_depth(sqs: Any, url: str) -> int:
 
 
 class EmfTotals:
-    """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key). ``totals`` has an
-    entry (possibly 0) for every metric name seen: a metric emitted with value 0 still counts as emitted;
-    ``by_key``: the same of the lines with a ``key`` dimension, per key."""
+    """Sums of the metrics in Powertools EMF lines (one JSON document per line, ``_aws`` key). ``totals`` has an entry
+    (possibly 0) for every metric name seen: a metric emitted with value 0 still counts as emitted; ``by_key``: the
+    same of the lines with a ``key`` dimension, per key."""
 
     def __init__(self) -> None:
         self.totals: Counter[str] = Counter()
@@ -170,8 +170,8 @@ class EmfTotals:
 
 def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable[[], str],
                step: Callable[[float], None]) -> None:
-    """Call ``step(seconds_left)`` until ``condition()``; TimeoutError with ``describe()`` at the deadline.
-    ``step`` does the waiting (a long poll, a batch of work), so this loop never sleeps by itself."""
+    """Call ``step(seconds_left)`` until ``condition()``; TimeoutError with ``describe()`` at the deadline. ``step``
+    does the waiting (a long poll, a batch of work), so this loop never sleeps by itself."""
     deadline = time.monotonic() + timeout
     while not condition():
         left = deadline - time.monotonic()
@@ -181,12 +181,12 @@ def wait_until(condition: Callable[[], bool], timeout: float, describe: Callable
 
 
 class Stack(ABC):
-    """template.yaml running locally with Redis and the Sume simulator; a context manager that starts what it
-    needs on enter and stops what it started on exit. ``redis_server`` may be stopped and started (an outage);
+    """template.yaml running locally with Redis and the Sume simulator; a context manager that starts what it needs on
+    enter and stops what it started on exit. ``redis_server`` may be stopped and started (an outage);
     ``client(service)`` gives boto3 clients on the stack's endpoint; ``schedules`` are the scheduled functions,
-    fan-out first. ``keys``: Sume keys beside the default one (id -> the simulator's options of its key:
-    workspace, default the id; read/create budgets, its limits in the key configuration too; webhook secret);
-    ``.keys`` their API keys now."""
+    fan-out first. ``keys``: Sume keys beside the default one (id -> the simulator's options of its key: workspace,
+    default the id; read/create budgets, its limits in the key configuration too; webhook secret); ``.keys`` their
+    API keys now."""
 
     name: str
     schedules: list[str]
@@ -204,8 +204,8 @@ class Stack(ABC):
         """Start everything (register every stop on ``stack``)."""
 
     def _start_services(self, stack: ExitStack) -> None:
-        """What both backends run beside the AWS side: the clock, redis-server, the Sume simulator;
-        the template parameters: the local defaults, these services, then the caller's."""
+        """What both backends run beside the AWS side: the clock, redis-server, the Sume simulator; the template
+        parameters: the local defaults, these services, then the caller's."""
         from tools.services import RedisServer
         from tools.sume_sim import SumeSimulator
 
@@ -276,8 +276,8 @@ class Stack(ABC):
 
     @abstractmethod
     def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None) -> None:
-        """Let the system work until ``until()`` (``fanout_every``: run the scheduled functions
-        that often, real seconds); TimeoutError saying what is pending after ``timeout`` s."""
+        """Let the system work until ``until()`` (``fanout_every``: run the scheduled functions that often, real
+        seconds); TimeoutError saying what is pending after ``timeout`` s."""
 
     def metric_totals(self, key: str | None = None) -> Counter[str]:
         """Per metric name, the sum of the EMF lines since the start or :meth:`reset` (``key``: with its dimension)."""

@@ -1,7 +1,7 @@
-"""DeployedStack: template.yaml built with ``sam build`` and deployed with ``sam deploy`` into ministack (a
-pure-Python local AWS: CloudFormation with the SAM transform, Lambdas as local processes, SQS event source mappings,
-EventBridge schedules, CloudWatch Logs). The deployed schedule, event source mapping and functions do the work; this
-process starts the services, deploys, submits and reads state. No Docker.
+"""DeployedStack: template.yaml built with ``sam build`` and deployed with ``sam deploy`` into ministack (a pure-Python
+local AWS: CloudFormation with the SAM transform, Lambdas as local processes, SQS event source mappings, EventBridge
+schedules, CloudWatch Logs). The deployed schedule, event source mapping and functions do the work; this process
+starts the services, deploys, submits and reads state. No Docker.
 
 Where ministack differs from AWS, and what is done about it here:
 
@@ -65,9 +65,9 @@ class InvokeError(RuntimeError):
 
 
 class MinistackServer(Service):
-    """ministack on a free 127.0.0.1 port, TMPDIR under ``.scratch/stack``; ready when its health
-    route answers. Stopping it stops its Lambda workers too (mirakuru: its process group and every
-    process that inherited its environment marker)."""
+    """ministack on a free 127.0.0.1 port, TMPDIR under ``.scratch/stack``; ready when its health route answers.
+    Stopping it stops its Lambda workers too (mirakuru: its process group and every process that inherited its
+    environment marker)."""
 
     name = "ministack"
 
@@ -102,9 +102,9 @@ class MinistackServer(Service):
 
 
 class LogGroupMetrics(EmfTotals):
-    """EMF totals from CloudWatch Logs groups since :meth:`restart`: each refresh reads again from a
-    few seconds before the newest event seen (delivery is not ordered across streams); an event
-    counts once (by stream, time and message: ministack gives no eventId)."""
+    """EMF totals from CloudWatch Logs groups since :meth:`restart`: each refresh reads again from a few seconds before
+    the newest event seen (delivery is not ordered across streams); an event counts once (by stream, time and
+    message: ministack gives no eventId)."""
 
     def __init__(self, logs: Any, groups: Iterable[str]) -> None:
         super().__init__()
@@ -145,9 +145,9 @@ _built_lock = threading.Lock()
 
 
 def build() -> Path:
-    """``sam build`` of template.yaml once per process, into a build directory of this process
-    (a concurrent ``make build`` cannot change it under a deploy), from a cache shared by the
-    runs of this checkout (one build at a time). Returns the built template's path."""
+    """``sam build`` of template.yaml once per process, into a build directory of this process (a concurrent ``make
+    build`` cannot change it under a deploy), from a cache shared by the runs of this checkout (one build at a
+    time). Returns the built template's path."""
     with _built_lock:
         if "template" in _built and _built["template"].exists():
             return _built["template"]
@@ -167,8 +167,8 @@ def build() -> Path:
 
 def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str,
            parameters: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """``sam deploy`` the built template, apply what ministack leaves out; the stack's outputs and
-    its functions (logical id -> name)."""
+    """``sam deploy`` the built template, apply what ministack leaves out; the stack's outputs and its functions
+    (logical id -> name)."""
     from tools.template import resolve
 
     if quoted := [key for key, value in parameters.items() if '"' in value]:  # each goes in as Key="Value"
@@ -209,8 +209,8 @@ def deploy(client: Callable[[str], Any], endpoint_url: str, stack_name: str,
 
 
 class DeployedStack(Stack):
-    """See the module docstring. ``parameters`` are template parameters over the local defaults;
-    ``log`` receives progress lines (default: stderr)."""
+    """See the module docstring. ``parameters`` are template parameters over the local defaults; ``log`` receives
+    progress lines (default: stderr)."""
 
     name = "template.yaml deployed into ministack"
 
@@ -245,8 +245,8 @@ class DeployedStack(Stack):
         self.log(f"deployed stack {self.stack_name} in {time.monotonic() - started:.0f} s")
 
     def invoke(self, logical_id: str, event: Any, retry_for: float = 60.0) -> Any:
-        """Synchronous invoke of a deployed function; its JSON reply. A throttled invoke (a
-        function with reserved concurrency already running) is retried for ``retry_for`` s."""
+        """Synchronous invoke of a deployed function; its JSON reply. A throttled invoke (a function with reserved
+        concurrency already running) is retried for ``retry_for`` s."""
         lam = self.client("lambda")
         deadline = time.monotonic() + retry_for
         while True:
@@ -264,8 +264,8 @@ class DeployedStack(Stack):
         return json.loads(payload) if payload else None
 
     def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None) -> None:
-        """Wait while the deployed event source mapping and schedule work (the schedule fires
-        about once a minute; ``fanout_every`` runs the scheduled functions more often)."""
+        """Wait while the deployed event source mapping and schedule work (the schedule fires about once a minute;
+        ``fanout_every`` runs the scheduled functions more often)."""
         next_fanout = time.monotonic() + (fanout_every or 0.0)
 
         def step(left: float) -> None:
@@ -278,9 +278,9 @@ class DeployedStack(Stack):
         wait_until(until, timeout, self.pending_summary, step)
 
     def reset(self) -> None:
-        """Redis emptied, simulator reset, the poll queues purged until the functions are quiet (an
-        invocation in flight may still send), the table emptied, the event sink and the metric
-        totals restarted, the keys stored as at the start. The deployed stack stays."""
+        """Redis emptied, simulator reset, the poll queues purged until the functions are quiet (an invocation in
+        flight may still send), the table emptied, the event sink and the metric totals restarted, the keys stored
+        as at the start. The deployed stack stays."""
         self._reset_services()
         self.store_keys()
         sqs = self.client("sqs")

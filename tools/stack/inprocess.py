@@ -57,9 +57,9 @@ def _rate_seconds(expression: str) -> float:
 
 
 def _environment_changed() -> None:
-    """What a fresh Lambda container reads from the environment, read again: the layer's cached parts
-    (settings, secrets: another stack in this process may have had other ones) and Powertools
-    Metrics' namespace and service (the layer may have been imported before they were set)."""
+    """What a fresh Lambda container reads from the environment, read again: the layer's cached parts (settings,
+    secrets: another stack in this process may have had other ones) and Powertools Metrics' namespace and service
+    (the layer may have been imported before they were set)."""
     from sume_poller import runtime
     from sume_poller.observability import metrics
 
@@ -69,8 +69,8 @@ def _environment_changed() -> None:
 
 
 class _ThreadOutput(io.TextIOBase):
-    """``sys.stdout`` while a handler runs: what the invoking thread writes is kept (for the EMF
-    lines), what other threads write (a live display, a test runner) passes through."""
+    """``sys.stdout`` while a handler runs: what the invoking thread writes is kept (for the EMF lines), what other
+    threads write (a live display, a test runner) passes through."""
 
     def __init__(self, passthrough: Any) -> None:
         self.passthrough = passthrough
@@ -98,11 +98,11 @@ class Delivery:
 
 
 class InProcessStack(Stack):
-    """``parameters``: template parameters over the local defaults; ``env``: function variables set
-    directly, for values the template's limits refuse (``CLAIM_TTL_SECONDS`` below 31...);
-    ``fast_retry``: failed records and crashed batches are visible again at once, not after the
-    visibility timeout; ``moto``: a running MotoServer instead of a new one (a test process keeps
-    one: a start costs seconds of imports), reset when the stack starts and closes."""
+    """``parameters``: template parameters over the local defaults; ``env``: function variables set directly, for
+    values the template's limits refuse (``CLAIM_TTL_SECONDS`` below 31...); ``fast_retry``: failed records and
+    crashed batches are visible again at once, not after the visibility timeout; ``moto``: a running MotoServer
+    instead of a new one (a test process keeps one: a start costs seconds of imports), reset when the stack starts
+    and closes."""
 
     name = "handlers in-process on moto server"
 
@@ -129,8 +129,8 @@ class InProcessStack(Stack):
         self._settled: tuple[int, tuple[str, ...]] | None = None  # not settled as of that count
 
     def _start(self, stack: ExitStack) -> None:
-        """Create the template's stack in moto, set this process's environment to the functions'
-        (restored on exit), load their handlers."""
+        """Create the template's stack in moto, set this process's environment to the functions' (restored on exit),
+        load their handlers."""
         from sume_poller.observability import logger
         from tools.services import MotoServer
         from tools.template import create_stack, load, translate
@@ -229,92 +229,73 @@ class InProcessStack(Stack):
         runner.step_hook = self.step_hook
         return runner
 
-    def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
-        """Invoke the poll function with ``messages`` (as received); delete the successes. ``duplicate``:
-        each message is in the batch twice (at-least-once delivery). A handler that raises (any
-        BaseException but KeyboardInterrupt) crashed: nothing is deleted, the crash is returned."""
+    def _invoke_batch(self, function: str, url: str, messages: list[dict[str, Any]],
+                      duplicate: bool = False) -> tuple[set[str], BaseException | None]:
+        """Lambda's SQS event source: invoke ``function`` with ``messages`` (as received; ``duplicate``: each twice in
+        the batch), delete the successes; (the ids that failed, the crash). A handler that raises (any BaseException
+        but KeyboardInterrupt) crashed: nothing is deleted. ``fast_retry``: failures visible again."""
+        arn = self.queue_arn if url == self.queue_url else self.create_queue_arn
         records = [{"messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
                     "attributes": dict(m.get("Attributes", {})), "md5OfBody": m.get("MD5OfBody", ""),
                     "messageAttributes": dict(m.get("MessageAttributes", {})), "eventSource": "aws:sqs",
-                    "eventSourceARN": self.queue_arn, "awsRegion": REGION}
-                   for m in messages]  # as Lambda's SQS event source delivers them
-        if duplicate:
-            records += [{**r, "messageId": r["messageId"] + DUPLICATE_SUFFIX} for r in records]
-        self._poll_runner()
-        self.last_report = None
+                    "eventSourceARN": arn, "awsRegion": REGION} for m in messages]
+        records += [{**r, "messageId": r["messageId"] + DUPLICATE_SUFFIX} for r in records if duplicate]
+        crash = None
         try:
-            reply = self.invoke("PollFunction", {"Records": records})
+            reply = self.invoke(function, {"Records": records})
+            failed = {f["itemIdentifier"].removesuffix(DUPLICATE_SUFFIX) for f in reply.get("batchItemFailures", [])}
         except KeyboardInterrupt:
             raise
-        except BaseException as crash:  # Lambda reports anything that escapes as a crash
-            self.crashes += 1
-            self.last_crash = crash
-            if self.fast_retry:
-                self.make_visible(messages)
-                self.expect_visible(0.0)
-            return Delivery(messages, None, {m["MessageId"] for m in messages}, crash)
-        failed = {f["itemIdentifier"].removesuffix(DUPLICATE_SUFFIX) for f in reply.get("batchItemFailures", [])}
-        if self.last_report is not None:
+        except BaseException as error:  # Lambda reports anything that escapes as a crash
+            self.crashes, self.last_crash, crash = self.crashes + 1, error, error
+            failed = {m["MessageId"] for m in messages}
+        done = [m for m in messages if m["MessageId"] not in failed]
+        for start in range(0, len(done), 10):
+            self.client("sqs").delete_message_batch(QueueUrl=url, Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done[start:start + 10])])
+        if failed and self.fast_retry:
+            self.make_visible([m for m in messages if m["MessageId"] in failed], url)
+            self.expect_visible(0.0)
+        return failed, crash
+
+    def deliver(self, messages: list[dict[str, Any]], *, duplicate: bool = False) -> Delivery:
+        """The poll queue's event source, once: :meth:`_invoke_batch` of the poll function."""
+        self._poll_runner()
+        self.last_report = None
+        failed, crash = self._invoke_batch("PollFunction", self.queue_url, messages, duplicate)
+        if crash is None and self.last_report is not None:
             self.outcomes.update(self.last_report.counts())
             queue = self._poll_runner().queue
             for send in (o.send for o in self.last_report.outcomes if o.send is not None):
                 self.expect_visible(queue.real_delay(send.delay))
-        if failed and self.fast_retry:
-            self.expect_visible(0.0)
-        done = [m for m in messages if m["MessageId"] not in failed]
-        for start in range(0, len(done), 10):
-            self.client("sqs").delete_message_batch(QueueUrl=self.queue_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(done[start:start + 10])])
-        if self.fast_retry:
-            self.make_visible([m for m in messages if m["MessageId"] in failed])
-        return Delivery(messages, self.last_report, failed)
+        return Delivery(messages, None if crash else self.last_report, failed, crash)
 
     def pump_creates(self) -> bool:
-        """One event-source cycle of the create queue: receive up to its mapping's BatchSize, invoke
-        the submit function with them, delete what succeeded. False when nothing was received."""
+        """One event-source cycle of the create queue: receive up to its mapping's BatchSize, invoke the submit
+        function with them, delete what succeeded. False when nothing was received."""
         if not self.create_batch_size:
             return False
-        sqs, url = self.client("sqs"), self.outputs["CreateQueueUrl"]
-        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=self.create_batch_size,
-                                       AttributeNames=["All"]).get("Messages", [])
-        if not messages:
-            return False
-        records = [{"messageId": m["MessageId"], "receiptHandle": m["ReceiptHandle"], "body": m["Body"],
-                    "attributes": dict(m.get("Attributes", {})), "eventSource": "aws:sqs",
-                    "eventSourceARN": self.create_queue_arn, "awsRegion": REGION} for m in messages]
-        try:
-            reply = self.invoke("SubmitFunction", {"Records": records})
-            failed = {f["itemIdentifier"] for f in reply.get("batchItemFailures", [])}
-        except KeyboardInterrupt:
-            raise
-        except BaseException as crash:  # as in Lambda: the whole batch stays
-            self.crashes += 1
-            self.last_crash = crash
-            failed = {m["MessageId"] for m in messages}
-        self.expect_visible(1.0)  # a drain's wait: whole real seconds of SQS DelaySeconds
-        done = [m for m in messages if m["MessageId"] not in failed]
-        if done:
-            sqs.delete_message_batch(QueueUrl=url, Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                                                            for i, m in enumerate(done)])
-        if failed and self.fast_retry:
-            sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
-                for i, m in enumerate(m for m in messages if m["MessageId"] in failed)])
-        return True
+        url = self.outputs["CreateQueueUrl"]
+        messages = self.client("sqs").receive_message(QueueUrl=url, MaxNumberOfMessages=self.create_batch_size,
+                                                      AttributeNames=["All"]).get("Messages", [])
+        if messages:
+            self._invoke_batch("SubmitFunction", url, messages)
+            self.expect_visible(1.0)  # a drain's wait: whole real seconds of SQS DelaySeconds
+        return bool(messages)
 
     def send(self, body: str, delay_seconds: int = 0) -> None:
         super().send(body, delay_seconds)
         self.expect_visible(delay_seconds)
 
     def expect_visible(self, real_seconds: float) -> None:
-        """A message will become visible on the poll queue in ``real_seconds``: :meth:`drive` then
-        receives at that time instead of waiting its idle maximum."""
+        """A message will become visible on the poll queue in ``real_seconds``: :meth:`drive` then receives at that
+        time instead of waiting its idle maximum."""
         with self._due_lock:
             heapq.heappush(self._due, time.monotonic() + real_seconds)
 
     def idle_wait(self) -> float:
-        """Real seconds to wait after an empty receive: until the next message is expected to be
-        visible (at least ``IDLE_POLL_S``), at most ``MAX_IDLE_S``."""
+        """Real seconds to wait after an empty receive: until the next message is expected to be visible (at least
+        ``IDLE_POLL_S``), at most ``MAX_IDLE_S``."""
         now = time.monotonic()
         with self._due_lock:
             while self._due and self._due[0] < now - DUE_GRACE_S:
@@ -322,17 +303,17 @@ class InProcessStack(Stack):
             nearest = self._due[0] if self._due else math.inf
         return min(MAX_IDLE_S, max(IDLE_POLL_S, nearest - now))
 
-    def make_visible(self, messages: list[dict[str, Any]]) -> None:
+    def make_visible(self, messages: list[dict[str, Any]], url: str | None = None) -> None:
         """What SQS does once a message's visibility timeout runs out: it may be received again."""
         for start in range(0, len(messages), 10):
-            self.client("sqs").change_message_visibility_batch(QueueUrl=self.queue_url, Entries=[
+            self.client("sqs").change_message_visibility_batch(QueueUrl=url or self.queue_url, Entries=[
                 {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
                 for i, m in enumerate(messages[start:start + 10])])
 
     def drive(self, until: Callable[[], bool], timeout: float, *, fanout_every: float | None = None,
               duplicate: bool = False) -> None:
-        """Play the event source mapping and the schedules (at the template's rate, or every
-        ``fanout_every`` s) until ``until()``; ``duplicate`` delivers every message twice."""
+        """Play the event source mapping and the schedules (at the template's rate, or every ``fanout_every`` s) until
+        ``until()``; ``duplicate`` delivers every message twice."""
         period = fanout_every or self.schedule_period
         self._next_schedule = min(self._next_schedule, time.monotonic() + period)
 
@@ -353,8 +334,8 @@ class InProcessStack(Stack):
         wait_until(until, timeout, describe, step)
 
     def settled(self, job_ids: Iterable[str]) -> bool:
-        """As :meth:`Stack.settled`, but the table is read again only after a handler ran: an idle
-        :meth:`drive` asks often, and a BatchGetItem of every id is moto's costliest call."""
+        """As :meth:`Stack.settled`, but the table is read again only after a handler ran: an idle :meth:`drive` asks
+        often, and a BatchGetItem of every id is moto's costliest call."""
         ids = tuple(job_ids)
         if self._settled == (self._invocations, ids):
             return False
@@ -363,10 +344,10 @@ class InProcessStack(Stack):
         return done
 
     def reset(self) -> None:
-        """A clean slate that keeps the stack (a CreateStack costs moto a tenth of a second, and
-        tests reset hundreds of times): its queues (the event sink's too), table and buckets
-        emptied, SSM parameters and secrets it did not create deleted, its Sume key stored again,
-        the functions' cached settings and clients dropped (a fresh container)."""
+        """A clean slate that keeps the stack (a CreateStack costs moto a tenth of a second, and tests reset hundreds
+        of times): its queues (the event sink's too), table and buckets emptied, SSM parameters and secrets it did
+        not create deleted, its Sume key stored again, the functions' cached settings and clients dropped (a fresh
+        container)."""
         self._reset_services()
         sqs, s3, ssm, secrets = (self.client(s) for s in ("sqs", "s3", "ssm", "secretsmanager"))
         for url in [*self.created.of_type("AWS::SQS::Queue").values(), self.sink.url]:
