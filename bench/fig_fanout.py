@@ -61,7 +61,7 @@ def _run(endpoint: Endpoint, ids: list[str], leased: set[str], svc: Services, tr
     from sume_poller.queue import PollQueue
     from sume_poller.settings import FanOutSettings
     from sume_poller.store import JobStore
-    from sume_poller.wiring import reads_budget
+    from sume_poller.wiring.shared import reads_budget
 
     settings = FanOutSettings.from_env(os.environ)
     clock, prefix = settings.common.clock, settings.redis.key_prefix

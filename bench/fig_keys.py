@@ -252,7 +252,7 @@ class Deployment:
         from sume_poller.redisconn import connect
         from sume_poller.settings import BudgetSettings, DiscoverySettings, FanOutSettings, KeySettings
         from sume_poller.sume import SumeClient
-        from sume_poller.wiring import budget_of
+        from sume_poller.wiring.shared import budget_of
         from tools.sume_sim import SumeSimulator
 
         self.clock = clock = VirtualClock(self.start)

@@ -116,7 +116,7 @@ def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[t
     from sume_poller.lease import LeaseStore
     from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
     from sume_poller.submit import Submitter, one_key
-    from sume_poller.wiring import reads_budget
+    from sume_poller.wiring.shared import reads_budget
 
     stack = svc.fresh()
     base = svc.settings()

@@ -70,7 +70,7 @@ def _polls(svc: Services, url: str, ports: list[int], cluster: bool, n: int, tag
     from sume_poller.redisconn import connect
     from sume_poller.settings import RedisSettings
     from sume_poller.store import JobStore
-    from sume_poller.wiring import reads_budget
+    from sume_poller.wiring.shared import reads_budget
 
     settings = svc.settings()
     clock, prefix = settings.common.clock, settings.redis.key_prefix
@@ -128,7 +128,7 @@ def _lock_polls(svc: Services, url: str, port: int, n: int) -> _Meter:
     import redis
 
     from sume_poller.sume import Terminal
-    from sume_poller.wiring import reads_budget
+    from sume_poller.wiring.shared import reads_budget
 
     settings = svc.settings()
     client = redis.Redis.from_url(url, decode_responses=True)

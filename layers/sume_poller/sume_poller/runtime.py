@@ -54,13 +54,13 @@ def jobs_api() -> JobsApi:
 
 
 def redis_client(settings: Any) -> Any:
-    from .wiring import redis_client
+    from .wiring.shared import redis_client
 
     return redis_client(settings)
 
 
 def sume_client(settings: Any, **options: Any) -> Any:
-    from .wiring import sume_client
+    from .wiring.shared import sume_client
 
     return sume_client(settings, **options)
 

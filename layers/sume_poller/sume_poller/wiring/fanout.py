@@ -14,7 +14,8 @@ from ..queue import PollQueue
 from ..redisconn import ColdStartCheck
 from ..settings import FanOutSettings
 from ..store import JobStore
-from . import budget_of, checked, key_ring, limits, once, read_gate, redis_check, redis_client
+from . import once
+from .shared import budget_of, checked, key_ring, limits, read_gate, redis_check, redis_client
 
 
 @once

@@ -21,7 +21,8 @@ from ..redisconn import ColdStartCheck
 from ..settings import PollSettings
 from ..store import JobStore, ResultBucket
 from ..sume import Refused
-from . import checked, key_client, once, read_gate, reader_ring, reads_budget, redis_check, redis_client
+from . import once
+from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
 
 class RemovedKey:

@@ -19,7 +19,8 @@ from ..submit import SubmitKey, Submitter
 
 if TYPE_CHECKING:
     from ..drain import Drainer
-from . import budget_of, checked, key_client, once, read_gate, reader_ring, redis_check, redis_client
+from . import once
+from .shared import budget_of, checked, key_client, read_gate, reader_ring, redis_check, redis_client
 
 
 @once

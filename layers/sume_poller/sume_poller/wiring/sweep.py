@@ -15,7 +15,8 @@ from ..redisconn import ColdStartCheck
 from ..settings import SweepFunctionSettings
 from ..store import JobStore
 from ..sweep import Sweeper, Sweeps, SweepSettings
-from . import checked, key_client, once, read_gate, reader_ring, reads_budget, redis_check, redis_client
+from . import once
+from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
 
 @once

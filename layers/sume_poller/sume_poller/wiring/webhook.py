@@ -12,7 +12,8 @@ from ..queue import PollQueue
 from ..settings import WebhookSettings
 from ..store import JobStore
 from ..webhook import WebhookReceiver
-from . import key_ring, once, redis_client
+from . import once
+from .shared import key_ring, redis_client
 
 
 @once
