@@ -148,8 +148,16 @@ class FakeBudget:
         self.counts.append(count)
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
+    #: Status reads granted so far (the limiter's counter), and list reads a clock second the lane keeps.
+    status_taken = 0
+    lane_per_second = 0.2
+
     def state(self) -> dict[str, float]:
-        return {"pending": float(self.pending), **({"oldest_pending": self.oldest} if self.oldest else {})}
+        return {"pending": float(self.pending), "status_taken": float(self.status_taken),
+                **({"oldest_pending": self.oldest} if self.oldest else {})}
+
+    def lane_rate(self, share: float) -> float:
+        return self.lane_per_second
 
     oldest: float | None = None
 

@@ -153,6 +153,22 @@ def test_with_the_lane_closed_a_list_read_only_goes_ahead_of_the_line(rdb: redis
     assert not b.take("list", max_wait=0.0).granted
 
 
+def test_the_limiter_counts_the_status_reads_it_grants_and_no_other(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """Sweeps weigh what chains spend by this counter: status reads granted (now or reserved), not
+    result reads, list reads, peeks or refusals."""
+    b = budget(rdb, clock, per_minute=61)
+    b.open_lane(0.1, clock() + 86_400)
+    for _ in range(5):
+        b.take()
+    b.take("ahead")
+    b.take("list", max_wait=0.0, count=2)
+    b.take("peek")
+    assert not b.take(max_wait=0.0).granted  # refused: the line is reserved ahead
+    assert b.state()["status_taken"] == 5
+    assert b.lane_rate(0.1) == pytest.approx(6 / 60)  # 6 of each minute's 61 kept for list reads
+    assert budget(rdb, clock, per_minute=120, per_day=10_000).lane_rate(0.1) == pytest.approx(1_000 / 86_400)
+
+
 def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120, per_day=2_000)
     reads = drive(b, clock, 3 * 86_400, step=20.0)

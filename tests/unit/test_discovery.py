@@ -60,16 +60,17 @@ def test_a_sweep_hands_listed_pending_jobs_over_to_a_read_that_confirms_them(par
     assert (failed.phase, failed.outcome, failed.found_by) == (STATUS_PHASE, None, "sweep")
 
 
-def test_a_completed_job_handed_over_takes_the_read_slot_its_fenced_step_had_reserved(parts: Parts) -> None:
+def test_a_job_handed_over_is_due_at_once_ahead_of_the_line_not_at_its_fenced_steps_slot(parts: Parts) -> None:
     token = parts.pending("job_slot")
     slot = parts.clock.now() + 120.0
     parts.lease.values["job_slot"] = f"{token}:3@{int(slot * 1000)}"  # step 3 waits for a slot 2 minutes away
-    parts.sume.listing = [page(("job_slot", "completed")), page(), page(), page()]
-    assert parts.sweeper().run().handed_over == 1
-    sent = parts.queue.sent[0]
-    message = parse_message(sent.body)
-    assert (message.seq, message.phase, message.slot_at) == (4, RESULT_PHASE, pytest.approx(slot))
-    assert message.due_at == pytest.approx(slot) and sent.delay == pytest.approx(120.0)  # then confirms that slot
+    parts.pending("job_failed")
+    parts.sume.listing = [page(("job_slot", "completed")), page(("job_failed", "failed")), page(), page()]
+    assert parts.sweeper().run().handed_over == 2
+    sent = [parse_message(m.body) for m in parts.queue.sent]
+    assert [(m.seq, m.phase, m.slot_at, m.due_at) for m in sent] == [
+        (4, RESULT_PHASE, None, parts.clock.now()), (4, STATUS_PHASE, None, parts.clock.now())]
+    assert [m.delay for m in parts.queue.sent] == [0.0, 0.0]
 
 
 def test_a_sweep_starts_only_when_its_lane_has_its_reads_free_and_reserves_none_otherwise(parts: Parts) -> None:
@@ -136,6 +137,31 @@ def test_few_pending_jobs_make_sweeps_back_off_and_chains_return_to_normal(parts
     report = parts.sweeper().run()
     assert not report.ran and "chains are cheaper" in (report.why_not or "") and parts.sume.calls == []
     assert float(parts.coverage.fields["healthy_until"]) == 0
+
+
+def test_few_pending_jobs_are_swept_when_their_chains_status_reads_cost_more_than_a_sweep(parts: Parts) -> None:
+    """The cost rule weighs what chains spend (the limiter's status-read counter over a tick, per
+    pending job, measured while no chain is stretched) against a sweep's list reads."""
+    parts.budget.pending = 10  # 2.5 jobs per list read: by the pending count alone, chains are cheaper
+    parts.sume.listing = [page()] * 8
+    assert not parts.sweeper().run().ran  # no measure yet
+    parts.clock.advance(60)
+    parts.budget.status_taken = 2  # 2 status reads in a minute on 10 jobs: 2 a sweep, under its 4
+    report = parts.sweeper().run()
+    assert not report.ran and "status reads 2.0 a sweep: chains are cheaper" in (report.why_not or "")
+    parts.clock.advance(60)
+    parts.budget.status_taken += 30  # 30 in the next minute: more than a sweep of 4 list reads
+    assert parts.sweeper().run().ran
+    assert float(parts.coverage.fields["status_rate"]) == pytest.approx(30 / 60 / 10)
+
+
+def test_a_complete_sweep_keeps_coverage_for_two_of_the_lanes_intervals_where_the_lane_is_slower(
+        parts: Parts) -> None:
+    parts.sume.listing = [page()] * 4
+    parts.budget.lane_per_second = 4 / 300  # the lane sustains a sweep of 4 list reads every 300 s
+    started = parts.clock.now()
+    assert parts.sweeper(lag=60.0).run().complete
+    assert float(parts.coverage.fields["healthy_until"]) == pytest.approx(started + 2 * 300 + 60)
 
 
 def test_idle_sweeps_double_their_interval(parts: Parts) -> None:

@@ -48,6 +48,7 @@ def test_the_deadline_caps_the_due_time() -> None:
     ({"slot_at": NOW}, "confirm"),
     ({"slot_at": NOW, "phase": RESULT_PHASE, "outcome": {"status": "completed"}}, "rconfirm"),
     ({"phase": RESULT_PHASE, "outcome": {"status": "completed"}}, "ahead"),
+    ({"found_by": "sweep"}, "ahead"),  # the status read that confirms a failure a sweep listed
 ])
 def test_a_reserved_slot_is_confirmed_and_a_finished_job_goes_ahead_with_any_slot(changes: dict[str, object],
                                                                                     mode: str) -> None:

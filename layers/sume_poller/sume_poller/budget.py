@@ -84,6 +84,7 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   oldest_pending    the oldest pending job's submission (clock s), as fan-out's last full round saw it
 --   owed              reserved status reads whose place a result read took (they go to the back)
 --   ahead_next        the slot of the next result read that takes a place
+--   status_taken      status reads granted so far (a counter: sweeps weigh what chains spend)
 -- The sweeps' lane (KEYS[2], the same cluster slot):
 --   open_until        the sweep function keeps it open (every tick)
 --   share             per mille of each minute kept for list reads
@@ -255,6 +256,7 @@ local function budget_take(key, lane_key, now, mode, max_wait, early, cfg_m, cfg
     if in_next then nxt = nxt + count else used = used + count end
     redis.call('HSET', key, 'day_used', used, 'day_next', nxt, 'day_reset', reset)
   end
+  if mode == 'take' then redis.call('HINCRBY', key, 'status_taken', count) end
   return answer(1, wait)
 end
 """
@@ -469,6 +471,12 @@ class Budget:
         """List reads the sweeps' lane grants at once under the configured limits."""
         bursts = [lane_burst(n, share) for n in (self.per_minute, self.per_day) if n > 0]
         return min(bursts) if bursts else LANE_BURST + 1
+
+    def lane_rate(self, share: float) -> float:
+        """List reads per clock second the sweeps' lane sustains (its minute's share, or its share
+        of the day spread evenly where that is slower; inf when unlimited)."""
+        rates = [lane_size(n, share) / span for n, span in ((self.per_minute, MINUTE), (self.per_day, DAY)) if n > 0]
+        return min(rates) if rates else math.inf
 
     def open_lane(self, share: float, until: float) -> None:
         """Keep ``share`` of each minute for list reads (mode "list") until clock time ``until``;

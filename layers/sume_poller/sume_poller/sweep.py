@@ -179,9 +179,12 @@ class Sweeper:
         try:
             self.budget.open_lane(self.s.read_share, now + LANE_OPEN)
             state = self.coverage.state()
+            budget = self.budget.state()
             self.tick = self._tick_interval(state, now)
-            self.coverage.update(tick_at=now, tick=self.tick)
-            why_not = self._why_not(state, now) or self._reserve(state)
+            spend = self._chains_spend(state, budget, now)
+            self.coverage.update(tick_at=now, tick=self.tick, **spend)
+            state.update({k: str(v) for k, v in spend.items()})
+            why_not = self._why_not(state, budget, now) or self._reserve(state)
             if why_not:
                 self.report.why_not = why_not
                 if "cheaper" in why_not and float(state.get("healthy_until", 0)) > now:
@@ -202,13 +205,31 @@ class Sweeper:
         measured = now - last if 0 < now - last < 4 * self.s.period else float(state.get("tick", self.s.period))
         return max(1.0, measured)
 
-    def _why_not(self, state: dict[str, str], now: float) -> str | None:
+    def _chains_spend(self, state: dict[str, str], budget: dict[str, float], now: float) -> dict[str, float]:
+        """The status reads chains spend on the normal schedule, per pending job and clock second,
+        measured from the limiter's counter over the last tick - only over a tick when no chain was
+        stretched (sweeps' coverage not healthy): while they are, the last such measure stands."""
+        taken, pending = budget.get("status_taken", 0.0), budget.get("pending", 0.0)
+        fields = {"taken": taken, "taken_at": now}
+        since = float(state.get("taken_at", 0))
+        if "taken" in state and now - since > 0 and pending > 0 and float(state.get("healthy_until", 0)) <= since:
+            fields["status_rate"] = max(0.0, taken - float(state["taken"])) / (now - since) / pending
+        return fields
+
+    def _every(self, cost: int) -> float:
+        """Clock seconds between sweeps of ``cost`` list reads: a tick, or what the lane sustains."""
+        return max(self.tick, cost / self.budget.lane_rate(self.s.read_share))
+
+    def _why_not(self, state: dict[str, str], budget: dict[str, float], now: float) -> str | None:
         if state.get("route", "ok") != "ok" and now < float(state.get("route_until", 0)):
             return f"list route {state['route']} until {float(state['route_until']):.0f}"
-        pending = self.budget.state().get("pending", 0.0)
+        pending = budget.get("pending", 0.0)
         cost = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
-        if pending / cost < MIN_JOBS_PER_READ:
-            return f"{pending:.0f} pending jobs for {cost} list reads: chains are cheaper"
+        # What chains would spend on status reads between two sweeps: a sweep that costs less saves.
+        saves = float(state.get("status_rate", 0)) * pending * self._every(cost)
+        if pending / cost < MIN_JOBS_PER_READ and saves < cost:
+            return (f"{pending:.0f} pending jobs for {cost} list reads, chains' status reads {saves:.1f} a sweep: "
+                    "chains are cheaper")
         relied_on = any(k.startswith("cov:") and int(v) > 0 for k, v in state.items())
         idle = 0 if relied_on else min(int(state.get("idle", 0)), MAX_IDLE_DOUBLINGS)
         if now < float(state.get("last_at", 0)) + self.tick * (2**idle - 0.5):
@@ -254,7 +275,9 @@ class Sweeper:
         idle = 0 if useful else int(state.get("idle", 0)) + (self.report.incomplete_reason != BUDGET_BUSY)
         fields: dict[str, Any] = {"reads": self.report.reads, "idle": idle}
         if complete:
-            healthy = started + 2 * self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS) + self.s.lag
+            # Coverage holds for two intervals of sweeps (the ticks', or the lane's where it is slower).
+            every = max(self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS), self._every(self.report.reads))
+            healthy = started + 2 * every + self.s.lag
             fields.update(route="ok", healthy_until=healthy, complete_at=started, **watermarks)
         self.coverage.update(**fields)
         if not complete:
@@ -374,20 +397,19 @@ class Sweeper:
         if held is None:
             return None
         submitted = record.get("submitted_at")
-        # The message reads in the read slot its fenced status step had reserved (that step never
-        # reads now); without one at once (a result read goes ahead of the status reads in line).
-        due = max(now, held.slot) if held.slot is not None else now
+        # Due at once, ahead of the line of status reads (a job Sume lists as finished); a read slot
+        # its fenced status step had reserved is not waited for.
         message = PollMessage(
-            job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(due, 3),
+            job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(now, 3),
             token=held.token, seq=held.seq, submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-            profile=record.get("profile"), found_by="sweep", slot_at=held.slot,
+            profile=record.get("profile"), found_by="sweep",
             key=None if self.key is None or self.key.default else self.key.id)
         if canonical_terminal_status(sume_status) == "completed":  # its result read is the proof
             message = message.next(phase=RESULT_PHASE, seen_terminal_at=now,
                                    outcome={"status": "completed", "sume_status": sume_status, "source": "list"})
         else:  # a failure is recorded only once the job's own status read says so
             message = message.next(phase=STATUS_PHASE)
-        return Outgoing(job_id, message.to_json(), due - now), f"{held.token}:{held.seq}*"
+        return Outgoing(job_id, message.to_json(), 0.0), f"{held.token}:{held.seq}*"
 
 
 def _stray(items: tuple[dict[str, Any], ...], status: str) -> str | None:
