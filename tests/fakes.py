@@ -159,6 +159,12 @@ class FakeBudget:
     def lane_rate(self, share: float) -> float:
         return self.lane_per_second
 
+    #: Whether the line has reads to spare for a sweep (Budget.spare).
+    spares = False
+
+    def spare(self, count: int, share: float, state: dict[str, float] | None = None) -> bool:
+        return self.spares
+
     oldest: float | None = None
 
     def set_oldest_pending(self, submitted: float) -> None:

@@ -169,6 +169,20 @@ def test_the_limiter_counts_the_status_reads_it_grants_and_no_other(rdb: redis.R
     assert budget(rdb, clock, per_minute=120, per_day=10_000).lane_rate(0.1) == pytest.approx(1_000 / 86_400)
 
 
+def test_the_line_spares_reads_for_sweeps_only_while_it_spends_less_than_an_evenly_spent_day(
+        rdb: redis.Redis, clock: VirtualClock) -> None:
+    clock.advance(-(clock() % 86_400) + 18 * 3_600)  # 18:00: an even day keeps a quarter of the line
+    b = budget(rdb, clock, per_minute=120, per_day=10_000)
+    line = 10_000 - 1_000  # the day less the sweeps' lane (10 %)
+    rdb.hset(b.key, mapping={"day_used": line * 3 // 4 - 10, "day_reset": int((clock() + 6 * 3_600) * 1000)})
+    assert b.spare(10, 0.1) and not b.spare(11, 0.1)  # 10 under the even line
+    assert b.take("spare", max_wait=0.0, count=4).now
+    assert b.state()["day_used"] == line * 3 // 4 - 6  # the line's...
+    assert "status_taken" not in b.state()  # ...not a status read
+    assert not b.spare(7, 0.1)
+    assert budget(rdb, clock, per_minute=120).spare(1_000, 0.1)  # no day limit: the minute decides alone
+
+
 def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120, per_day=2_000)
     reads = drive(b, clock, 3 * 86_400, step=20.0)

@@ -83,6 +83,15 @@ def test_a_sweep_starts_only_when_its_lane_has_its_reads_free_and_reserves_none_
     assert parts.sume.calls == [] and parts.budget.lane is not None  # the lane stays open for the next tick
 
 
+def test_a_sweep_borrows_the_reads_the_line_leaves_unspent_when_its_lane_has_none_free(parts: Parts) -> None:
+    parts.sume.listing = [page()] * 4
+    parts.budget.grants = [Grant(False, 40.0)]  # the lane's next reads are 40 s away...
+    parts.budget.spares = True  # ...and the line spends less than an evenly spent day
+    report = parts.sweeper().run()
+    assert report.ran and report.complete and parts.budget.modes[:2] == ["list", "spare"]
+    assert parts.budget.patience[:2] == [0.0, 0.0] and parts.budget.counts[:2] == [4, 4]
+
+
 def test_a_sweep_reserves_its_usual_reads_at_once_and_each_page_past_them_alone(parts: Parts) -> None:
     parts.sume.listing = [page(cursor="a"), page(cursor="b"), page(cursor="c"), page(), page(), page(), page()]
     report = parts.sweeper(read_share=0.2).run()

@@ -519,6 +519,17 @@ def test_a_canary_stays_on_the_normal_schedule_to_keep_measuring_coverage(rig: R
     assert rig.run(rig.submit(canary)).name == "requeued"
 
 
+def test_a_canary_reads_no_more_often_than_sweeps_run(rig: Rig) -> None:
+    canary = next(f"job_c{i}" for i in range(1_000) if is_canary(f"job_c{i}"))
+    rig.poller.cadence.coverage = FixedCoverage(Coverage(healthy_until=rig.clock.now() + 3_600,  # type: ignore[assignment]
+                                                 covered=frozenset({"image"}), route="ok", every=300.0))
+    rig.sume.status[canary] = [status("running")]
+    out = rig.run(rig.submit(canary))
+    assert out.name == "requeued" and out.send is not None  # not stretched: no normal time kept...
+    nxt = parse_message(out.send.body)
+    assert nxt.normal_due is None and nxt.due_at >= rig.clock.now() + 300.0  # ...but not before the next sweep
+
+
 def test_the_completion_interval_comes_from_the_reads_around_it() -> None:
     record = {"submitted_at": 1000, "seen_running_at": 1030.0, "seen_terminal_at": 1045.0, "status": "completed"}
     assert completion_interval(record) == (30.0, 45.0)

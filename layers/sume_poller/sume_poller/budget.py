@@ -450,7 +450,8 @@ class Budget:
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         """Reserve the next slot (``mode``: "take", "confirm" a status read's slot at ``slot``,
         "rconfirm" a result read's, "ahead" of the status reads for a result, "list" in the
-        sweeps' lane (ahead of the line if it is closed), or "peek": how far the next slot is,
+        sweeps' lane (ahead of the line if it is closed), "spare": a list read from the line, as
+        "take" but not counted as a status read, or "peek": how far the next slot is,
         reserving nothing) - or ``count`` slots at once (a sweep's pages). One round trip."""
         if self.unlimited:
             return Grant(True, 0.0)
@@ -477,6 +478,24 @@ class Budget:
         of the day spread evenly where that is slower; inf when unlimited)."""
         rates = [lane_size(n, share) / span for n, span in ((self.per_minute, MINUTE), (self.per_day, DAY)) if n > 0]
         return min(rates) if rates else math.inf
+
+    def spare(self, count: int, share: float, state: dict[str, float] | None = None) -> bool:
+        """Whether ``count`` more reads leave the line (the day less the sweeps' lane at ``share``)
+        at least what an evenly spent rest of the day would keep: reads the line is not spending,
+        which a sweep may borrow (mode "spare") beyond its lane. Always, without a day limit."""
+        st = self.state() if state is None else state
+        limit = int(min(self.per_day, st.get("learned_day") or self.per_day))
+        if limit <= 0:
+            return True
+        now = self._now()
+        line = limit - lane_size(limit, share)
+        reset, used = st.get("day_reset", 0.0) / 1000, st.get("day_used", 0.0)
+        if reset <= 0:  # never counted: the UTC day
+            reset, used = (math.floor(now / DAY) + 1) * DAY, 0.0
+        elif reset <= now:  # the window rolled (the Lua day_window): what was reserved into the next
+            windows = math.floor((now - reset) / DAY) + 1
+            reset, used = reset + windows * DAY, st.get("day_next", 0.0) if windows == 1 else 0.0
+        return line - used - count >= line * (reset - now) / DAY
 
     def open_lane(self, share: float, until: float) -> None:
         """Keep ``share`` of each minute for list reads (mode "list") until clock time ``until``;

@@ -5,7 +5,8 @@ discovery covers the job's kind, and how far away a read slot a step will accept
   time (:func:`sume_poller.schedule.next_delay`, Sume's hint a lower bound), and, where sweeps
   proved they see the kind (or verified webhooks arrive for it), the safety cadence instead - the
   normal time kept in the message (``normal_due``) so the chain returns to it at once should the
-  cover lapse (about one chain in twenty, a canary, is never stretched);
+  cover lapse (about one chain in twenty, a canary, is never stretched: it reads on the normal
+  schedule, no more often than sweeps run);
 * :meth:`Cadence.adjust` - a message as it comes back: a stretched step whose cover lapsed is
   due at its normal time; a chain's first read of a covered kind waits for the safety cadence too
   (hand-overs of sweeps and webhooks read at once);
@@ -59,7 +60,14 @@ class Cadence:
         due = now + next_delay(chain.kind, chain.reads - 1, age, last, model, self.bounds, hint=hint, rng=self.rng)
         if self.stretches(chain.kind, chain.job_id, now):
             return max(due, now + self.s.discovery.safety), round(due, 3)
-        return due, None
+        return max(due, now + self._canary_gap(chain, now)), None
+
+    def _canary_gap(self, chain: PollMessage, now: float) -> float:
+        """A canary of a kind sweeps cover reads no more often than sweeps run (0: not one)."""
+        if self.coverage is None or not self.s.discovery.sweeps or not is_canary(chain.job_id):
+            return 0.0
+        found = self.coverage.get()
+        return found.every if found.stretches(chain.kind, now) else 0.0
 
     def found(self, chain: PollMessage, now: float) -> str | None:
         """A chain found its job terminal itself: kept for the next complete sweeps to judge (what

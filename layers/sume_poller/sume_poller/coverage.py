@@ -20,7 +20,9 @@ older than ``FOUND_MAX_AGE`` go, and at most ``FOUND_MAX`` of the newest stay - 
 sweep to judge the finds it can still see (a kind needs ``MIN_COVERED`` in a row).
 
 Chains of a covered kind stretch to a safety cadence, except about one in twenty (canaries,
-chosen by job id) that stay on the normal schedule and keep measuring coverage. Chains read
+chosen by job id) that stay on the normal schedule and keep measuring coverage - read no more
+often than sweeps run (a find is judged by the next complete sweep: reading more often than that
+measures nothing more). Chains read
 this state through :class:`CoverageView`, cached for ``VIEW_TTL`` clock seconds per container,
 so a stretched chain that hops every few minutes returns to the normal schedule soon after
 sweeps stop proving anything.
@@ -61,6 +63,8 @@ class Coverage:
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)  # kind -> (covered in a row, misses)
     #: When a verified webhook delivery last arrived (clock seconds; 0: never).
     webhook_at: float = 0.0
+    #: Clock seconds between sweeps, as the last complete one planned (0: unknown).
+    every: float = 0.0
 
     def stretches(self, kind: str, now: float) -> bool:
         """Sweeps proved they see this kind, and are healthy."""
@@ -104,7 +108,7 @@ class CoverageStore:
                 if int(value) >= MIN_COVERED:
                     covered.add(kind)
         return Coverage(float(raw.get("healthy_until", 0)), frozenset(covered), raw.get("route", "unknown"), counts,
-                        float(raw.get("webhook_at", 0)))
+                        float(raw.get("webhook_at", 0)), float(raw.get("every", 0)))
 
     def webhook_arrived(self, at: float) -> None:
         """A verified webhook delivery arrived: chains of webhook kinds may stretch."""

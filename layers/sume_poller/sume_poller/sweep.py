@@ -184,7 +184,7 @@ class Sweeper:
             spend = self._chains_spend(state, budget, now)
             self.coverage.update(tick_at=now, tick=self.tick, **spend)
             state.update({k: str(v) for k, v in spend.items()})
-            why_not = self._why_not(state, budget, now) or self._reserve(state)
+            why_not = self._why_not(state, budget, now) or self._reserve(state, budget)
             if why_not:
                 self.report.why_not = why_not
                 if "cheaper" in why_not and float(state.get("healthy_until", 0)) > now:
@@ -236,13 +236,17 @@ class Sweeper:
             return f"backing off after {idle} idle sweeps"
         return None
 
-    def _reserve(self, state: dict[str, str]) -> str | None:
+    def _reserve(self, state: dict[str, str], budget: dict[str, float]) -> str | None:
         """Reserve the reads the last sweep took (as many as the lane grants at once), so a sweep
-        starts only when it can finish: a half sweep proves nothing and wastes its reads."""
+        starts only when it can finish: a half sweep proves nothing and wastes its reads. Where the
+        lane has none free, reads the line leaves unspent (it is under an evenly spent day) are
+        borrowed, if free now."""
         want = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
         count = min(want, self.budget.lane_burst(self.s.read_share))
-        if not self.budget.take(mode="list", max_wait=0.0, count=count).now:
-            return f"{BUDGET_BUSY} ({count} list reads not free in the sweeps' lane)"
+        if not self.budget.take(mode="list", max_wait=0.0, count=count).now and not (
+                self.budget.spare(count, self.s.read_share, budget)
+                and self.budget.take(mode="spare", max_wait=0.0, count=count).now):
+            return f"{BUDGET_BUSY} ({count} list reads not free in the sweeps' lane nor spare in the line)"
         self._prepaid = count
         return None
 
@@ -278,7 +282,7 @@ class Sweeper:
             # Coverage holds for two intervals of sweeps (the ticks', or the lane's where it is slower).
             every = max(self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS), self._every(self.report.reads))
             healthy = started + 2 * every + self.s.lag
-            fields.update(route="ok", healthy_until=healthy, complete_at=started, **watermarks)
+            fields.update(route="ok", healthy_until=healthy, complete_at=started, every=every, **watermarks)
         self.coverage.update(**fields)
         if not complete:
             logger.warning("sweep incomplete: chains keep the normal schedule",
