@@ -226,7 +226,7 @@ class FakeSume:
         return self._next(self.result[job_id]) if self.result[job_id] else Result({"url": "u"})
 
     def list_jobs(self, **kwargs: Any) -> Any:
-        self.calls.append(("list", ""))
+        self.calls.append(("list", str(kwargs.get("status") or "")))
         return self._next(self.listing) if self.listing else Listing((), None, False)
 
     def create(self, kind: str, params: Any, idempotency_key: str, budget: float | None = None) -> Any:
@@ -415,9 +415,12 @@ class FakeCoverage:
     def __init__(self) -> None:
         self.fields: dict[str, str] = {}
         self.found_at: dict[str, dict[str, float]] = defaultdict(dict)
+        self.found_status: dict[str, str | None] = {}
 
-    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None) -> None:
+    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None,
+              status: str | None = None) -> None:
         self.found_at[kind][job_id] = at
+        self.found_status[job_id] = status
 
     def state(self) -> dict[str, str]:
         return dict(self.fields)
@@ -432,15 +435,16 @@ class FakeCoverage:
         self.update(**{f"unfiltered:{status}": retry_at}, healthy_until=0)
 
     def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float,
-              created_after: float | None = None) -> dict[str, tuple[int, int]]:
+              created_after: float | None = None, statuses: frozenset[str] | None = None) -> dict[str, tuple[int, int]]:
         self.judged_created_after = created_after
         verdicts = {}
         for kind in {*listed, *self.found_at}:
-            found = self.found_at[kind]
+            found = {j: at for j, at in self.found_at[kind].items()
+                     if statuses is None or self.found_status.get(j) in statuses}
             hits = [j for j in found if j in listed.get(kind, set())]
             misses = [j for j, at in found.items() if j not in listed.get(kind, set()) and at < swept_from - lag]
             for j in hits + misses:
-                del found[j]
+                del self.found_at[kind][j]
             covered = 0 if misses else int(self.fields.get(f"cov:{kind}", 0)) + len(hits)
             self.fields[f"cov:{kind}"] = str(covered)
             verdicts[kind] = (len(hits), len(misses))

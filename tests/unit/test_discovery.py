@@ -12,6 +12,7 @@ from sume_poller.budget import Grant
 from sume_poller.lease import new_token
 from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, parse_message
 from sume_poller.sume import Listing
+from sume_poller.sweep import RARE_EVERY as SWEEP_RARE
 from sume_poller.sweep import Sweeper, SweepSettings
 from sume_poller.webhook import WebhookReceiver, signature
 
@@ -196,6 +197,29 @@ def test_coverage_counts_what_chains_found_and_a_miss_resets_it(parts: Parts) ->
     parts.sume.listing = [page()]
     assert parts.sweeper(lag=60.0).run().coverage["video"] == (0, 1)
     assert parts.coverage.fields["cov:video"] == "0"
+
+
+def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_alone(parts: Parts) -> None:
+    """And judges only the chains' finds of that status; the failure statuses at least every
+    RARE_EVERY, from the lane or the line's spare reads."""
+    parts.sume.listing = [page()] * 4
+    assert parts.sweeper().run().reads == 4  # every status (the lane had 4 free)
+    parts.coverage.found("video", "job_failed", parts.clock.now(), status="failed")
+    parts.store.records["job_failed"] = {"job_id": "job_failed", "kind": "video", "status": "failed"}
+    parts.clock.advance(300)
+    parts.budget.modes.clear()
+    parts.budget.grants = [Grant(False, 300.0), Grant(True, 0.0)]  # 4 not free now, 1 is
+    report = parts.sweeper(lag=60.0).run()
+    assert report.complete and report.reads == 1 and parts.sume.calls[-1][1].endswith("completed")
+    assert parts.budget.modes[:2] == ["list", "list"] and parts.budget.counts[-2:] == [4, 1]
+    assert report.coverage.get("video", (0, 0)) == (0, 0)  # the failed find waits for a sweep of failures
+    parts.clock.advance(SWEEP_RARE)  # the failure statuses are due: every status or nothing
+    parts.budget.modes.clear()
+    parts.budget.grants = [Grant(False, 300.0), Grant(True, 0.0)]
+    parts.budget.spares = True
+    parts.sume.listing = [page(), page(("job_failed", "failed")), page(), page()]
+    report = parts.sweeper(lag=60.0).run()
+    assert parts.budget.modes == ["list", "spare"] and report.reads == 4 and report.coverage["video"] == (1, 0)
 
 
 # -- webhooks ------------------------------------------------------------------------------------------

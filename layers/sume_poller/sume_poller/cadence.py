@@ -69,13 +69,13 @@ class Cadence:
         found = self.coverage.get()
         return found.every if found.stretches(chain.kind, now) else 0.0
 
-    def found(self, chain: PollMessage, now: float) -> str | None:
+    def found(self, chain: PollMessage, now: float, status: str | None = None) -> str | None:
         """A chain found its job terminal itself: kept for the next complete sweeps to judge (what
         proves or disproves their coverage). The Redis failure's kind when it could not be kept."""
         if self.coverage is None or not self.s.discovery.sweeps:
             return None
         try:
-            self.coverage.store.found(chain.kind, chain.job_id, now, chain.submitted_at)
+            self.coverage.store.found(chain.kind, chain.job_id, now, chain.submitted_at, status)
         except RedisFailure as exc:
             logger.warning("a chain's find was not kept for sweeps to judge", extra=describe(exc))
             return failure(exc)

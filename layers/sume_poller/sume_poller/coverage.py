@@ -85,14 +85,18 @@ class CoverageStore:
         return f"{self.prefix}!sweeps:found:{kind}"
 
     # -- chains ---------------------------------------------------------------------------------
-    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None) -> None:
+    def found(self, kind: str, job_id: str, at: float, submitted: float | None = None,
+              status: str | None = None) -> None:
         """A chain found this job terminal itself: the next complete sweeps must list it (the member
-        carries the job's submission time: a sweep that stopped paging at a creation time judges only
-        the finds it could have listed). Trims the kind's set to its bounds in the same round trip
-        (one key: cluster mode runs it as is)."""
+        carries the job's submission time and its status: a sweep that stopped paging at a creation
+        time judges only the finds it could have listed, one that listed some statuses only the finds
+        of those). Trims the kind's set to its bounds in the same round trip (one key: cluster mode
+        runs it as is)."""
         key = self.found_key(kind)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(key, {job_id if submitted is None else f"{job_id}|{int(submitted)}": at})
+        member = job_id + ("" if submitted is None else f"|{int(submitted)}") if status is None else \
+            f"{job_id}|{'' if submitted is None else int(submitted)}|{status}"
+        pipe.zadd(key, {member: at})
         pipe.zremrangebyscore(key, "-inf", f"({at - FOUND_MAX_AGE}")
         pipe.zremrangebyrank(key, 0, -FOUND_MAX - 1)
         pipe.pexpire(key, int(FOUND_MAX_AGE * 1000))
@@ -122,11 +126,12 @@ class CoverageStore:
         self.client.hset(self.key, mapping={k: str(v) for k, v in fields.items()})
 
     def judge(self, listed: dict[str, set[str]], swept_from: float, lag: float,
-              created_after: float | None = None) -> dict[str, tuple[int, int]]:
+              created_after: float | None = None, statuses: frozenset[str] | None = None) -> dict[str, tuple[int, int]]:
         """After a complete sweep that started at ``swept_from``: per kind, (covered, missed)
         among the jobs chains reported. ``listed``: kind -> job ids this sweep listed. A sweep that
-        stopped paging at a creation time (``created_after``) judges only finds submitted after it
-        (the others wait for a sweep that reaches them, or their set's bounds)."""
+        stopped paging at a creation time (``created_after``) judges only finds submitted after it,
+        one that listed only some ``statuses`` only finds of those (the others wait for a sweep that
+        reaches them, or their set's bounds)."""
         kinds = sorted(KINDS | set(listed))
         pipe = self.client.pipeline(transaction=False)
         for kind in kinds:
@@ -134,7 +139,8 @@ class CoverageStore:
         verdicts: dict[str, tuple[int, int]] = {}
         for kind, found in zip(kinds, pipe.execute(), strict=True):
             seen = listed.get(kind, set())
-            judged = [(m, at) for m, at in found if created_after is None or _submitted(m) >= created_after]
+            judged = [(m, at) for m, at in found if (created_after is None or _submitted(m) >= created_after)
+                      and (statuses is None or _status(m) in statuses)]
             hits = [m for m, _ in judged if _job(m) in seen]
             misses = [m for m, at in judged if _job(m) not in seen and at < swept_from - lag]
             if hits or misses:
@@ -165,8 +171,14 @@ def _job(member: str) -> str:
 
 def _submitted(member: str) -> float:
     """A find's submission time (-inf when it was kept without one: never judged by a bounded sweep)."""
-    _, sep, at = member.partition("|")
-    return float(at) if sep and at.isdigit() else -math.inf
+    parts = member.split("|")
+    return float(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -math.inf
+
+
+def _status(member: str) -> str | None:
+    """A find's status (None when it was kept without one: judged only by a sweep of every status)."""
+    parts = member.split("|")
+    return parts[2] if len(parts) > 2 else None
 
 
 class CoverageView:

@@ -174,7 +174,7 @@ class Poller:
             due, normal = self.cadence.next_read(run.chain, now, reply.next_poll_after)
             return self._requeue(run, due=due, name="stretched" if normal else "requeued", errors=0,
                                  seen_running_at=now, normal_due=normal, found_by=None)
-        if run.chain.phase != RESULT_PHASE and (failure := self.cadence.found(run.chain, now)):
+        if run.chain.phase != RESULT_PHASE and (failure := self.cadence.found(run.chain, now, reply.status)):
             run.signal(failure)  # the find that proves (or disproves) sweeps' coverage was not kept
         outcome = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error,
                    "source": "status", "result_ready": reply.result_ready if reply.gated else None}

@@ -70,6 +70,9 @@ from .store import JobStore
 from .sume import Listing, Refused, SumeClient
 
 STATUSES = ("completed", "failed", "canceled", "expired")
+#: Where the lane cannot pay for every status each time, a sweep lists ``completed`` alone, and the
+#: failure statuses at least this often (clock seconds: the template's safety cadence).
+RARE_EVERY = 900.0
 PAGE_SIZE = 100
 MIN_JOBS_PER_READ = 5
 MAX_IDLE_DOUBLINGS = 4
@@ -168,6 +171,7 @@ class Sweeper:
         self._created_floor = -math.inf
         self._created_bound_used = False
         self._prepaid = 0  # list reads reserved at once when the sweep started
+        self._statuses: tuple[str, ...] = STATUSES  # what this sweep lists
 
     @property
     def _default_id(self) -> str:
@@ -184,7 +188,7 @@ class Sweeper:
             spend = self._chains_spend(state, budget, now)
             self.coverage.update(tick_at=now, tick=self.tick, **spend)
             state.update({k: str(v) for k, v in spend.items()})
-            why_not = self._why_not(state, budget, now) or self._reserve(state, budget)
+            why_not = self._why_not(state, budget, now) or self._reserve(state, budget, now)
             if why_not:
                 self.report.why_not = why_not
                 if "cheaper" in why_not and float(state.get("healthy_until", 0)) > now:
@@ -236,19 +240,27 @@ class Sweeper:
             return f"backing off after {idle} idle sweeps"
         return None
 
-    def _reserve(self, state: dict[str, str], budget: dict[str, float]) -> str | None:
-        """Reserve the reads the last sweep took (as many as the lane grants at once), so a sweep
-        starts only when it can finish: a half sweep proves nothing and wastes its reads. Where the
-        lane has none free, reads the line leaves unspent (it is under an evenly spent day) are
-        borrowed, if free now."""
-        want = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
-        count = min(want, self.budget.lane_burst(self.s.read_share))
-        if not self.budget.take(mode="list", max_wait=0.0, count=count).now and not (
-                self.budget.spare(count, self.s.read_share, budget)
-                and self.budget.take(mode="spare", max_wait=0.0, count=count).now):
-            return f"{BUDGET_BUSY} ({count} list reads not free in the sweeps' lane nor spare in the line)"
-        self._prepaid = count
-        return None
+    def _reserve(self, state: dict[str, str], budget: dict[str, float], now: float) -> str | None:
+        """Reserve the pages each status took last time (as many as the lane grants at once), so a
+        sweep starts only when it can finish: a half sweep proves nothing and wastes its reads.
+        Every status where the lane has those reads free now; else ``completed`` alone (unless a
+        failure status was last listed ``RARE_EVERY`` ago), from the lane or from the reads the line
+        leaves unspent (it spends less than an evenly spent day), if free now."""
+        def pages(statuses: tuple[str, ...]) -> int:
+            wanted = sum(max(1, int(float(state.get(f"pages:{s}", 1)))) for s in statuses)
+            return min(wanted, self.budget.lane_burst(self.s.read_share))
+
+        rare_due = any(now >= float(state.get(f"read_at:{s}", 0)) + RARE_EVERY for s in STATUSES[1:])
+        plans = [(STATUSES, "list"), *([] if rare_due else [(STATUSES[:1], "list")]),
+                 (STATUSES if rare_due else STATUSES[:1], "spare")]
+        for statuses, mode in plans:
+            count = pages(statuses)
+            if mode == "spare" and not self.budget.spare(count, self.s.read_share, budget):
+                continue
+            if self.budget.take(mode=mode, max_wait=0.0, count=count).now:
+                self._prepaid, self._statuses = count, statuses
+                return None
+        return f"{BUDGET_BUSY} (list reads not free in the sweeps' lane nor spare in the line)"
 
     # -- the sweep ----------------------------------------------------------------------------------
     def _sweep(self, started: float, state: dict[str, str]) -> None:
@@ -260,27 +272,35 @@ class Sweeper:
         oldest = float(budget.get("oldest_pending") or started - self.s.max_age)
         self._created_floor = max(oldest, started - self.s.max_age) - max(self.s.lag, 60.0)
         self._created_bound_used = False
-        for status in STATUSES:
+        per_status: dict[str, Any] = {}
+        for status in self._statuses:
             if started < float(state.get(f"unfiltered:{status}", 0)):
                 complete = self._incomplete(f"status={status} left out: the route did not filter by it")
                 continue
+            before = self.report.reads
             done, newest = self._status(status, float(state.get(f"wm:{status}", 0)), started, listed)
             complete = complete and done
+            per_status[f"pages:{status}"] = self.report.reads - before
+            if done:
+                per_status[f"read_at:{status}"] = started
             if newest is not None:
                 watermarks[f"wm:{status}"] = newest
             if self.report.incomplete_reason and self.report.incomplete_reason.startswith(("route", BUDGET_BUSY)):
                 break
         self.report.complete = complete
-        if complete:
+        if complete:  # a sweep of some statuses judges only the finds of those
             self.report.coverage = self.coverage.judge(
-                listed, started, self.s.lag, created_after=self._created_floor if self._created_bound_used else None)
+                listed, started, self.s.lag, created_after=self._created_floor if self._created_bound_used else None,
+                statuses=None if self._statuses == STATUSES else frozenset(self._statuses))
         useful = self.report.handed_over or any(hits for hits, _ in self.report.coverage.values())
         # A sweep the budget stopped proved nothing either way: it does not count as idle.
         idle = 0 if useful else int(state.get("idle", 0)) + (self.report.incomplete_reason != BUDGET_BUSY)
-        fields: dict[str, Any] = {"reads": self.report.reads, "idle": idle}
+        fields: dict[str, Any] = {"reads": self.report.reads, "idle": idle, **per_status}
         if complete:
-            # Coverage holds for two intervals of sweeps (the ticks', or the lane's where it is slower).
-            every = max(self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS), self._every(self.report.reads))
+            # Coverage holds for two intervals of sweeps (the ticks', or the lane's for a sweep of every
+            # status where that is slower).
+            full = sum(max(1, int(float({**state, **per_status}.get(f"pages:{s}", 1)))) for s in STATUSES)
+            every = max(self.tick * 2 ** min(idle, MAX_IDLE_DOUBLINGS), self._every(full))
             healthy = started + 2 * every + self.s.lag
             fields.update(route="ok", healthy_until=healthy, complete_at=started, every=every, **watermarks)
         self.coverage.update(**fields)
