@@ -116,6 +116,24 @@ def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: red
     assert b.take("confirm", slot=later).now  # the next one keeps its slot
 
 
+def test_a_result_read_before_its_reserved_slot_reads_now_where_the_minute_has_room(rdb: redis.Redis,
+                                                                                    clock: VirtualClock) -> None:
+    """A sweep's hand-over inherits the slot of the step it fenced out (counted in the day then):
+    it reads at once where the minute's line has a slot free now, counting nothing more in the day,
+    else at its own slot."""
+    b = budget(rdb, clock, per_minute=61, per_day=10_000)
+    for _ in range(4):
+        b.take()  # a few status reads reserved, the last seconds ahead
+    clock.advance(30)  # the line's reads have passed: its next minute slot is free now
+    used = b.state()["day_used"]
+    far = clock() + 600
+    assert b.take("rconfirm", slot=far).now and b.state()["day_used"] == used
+    for _ in range(120):  # the minute's line reserved for two minutes
+        b.take()
+    early = b.take("rconfirm", slot=far)
+    assert early.granted and early.wait == pytest.approx(600, abs=0.01) and b.state()["day_used"] == used + 120
+
+
 def test_the_sweeps_lane_reads_now_however_far_chains_reserved_and_the_window_still_holds(
         rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120)

@@ -61,7 +61,7 @@ def test_a_sweep_hands_listed_pending_jobs_over_to_a_read_that_confirms_them(par
     assert (failed.phase, failed.outcome, failed.found_by) == (STATUS_PHASE, None, "sweep")
 
 
-def test_a_job_handed_over_is_due_at_once_ahead_of_the_line_not_at_its_fenced_steps_slot(parts: Parts) -> None:
+def test_a_job_handed_over_is_due_at_once_with_the_slot_its_fenced_step_had_reserved(parts: Parts) -> None:
     token = parts.pending("job_slot")
     slot = parts.clock.now() + 120.0
     parts.lease.values["job_slot"] = f"{token}:3@{int(slot * 1000)}"  # step 3 waits for a slot 2 minutes away
@@ -70,7 +70,7 @@ def test_a_job_handed_over_is_due_at_once_ahead_of_the_line_not_at_its_fenced_st
     assert parts.sweeper().run().handed_over == 2
     sent = [parse_message(m.body) for m in parts.queue.sent]
     assert [(m.seq, m.phase, m.slot_at, m.due_at) for m in sent] == [
-        (4, RESULT_PHASE, None, parts.clock.now()), (4, STATUS_PHASE, None, parts.clock.now())]
+        (4, RESULT_PHASE, pytest.approx(slot), parts.clock.now()), (4, STATUS_PHASE, None, parts.clock.now())]
     assert [m.delay for m in parts.queue.sent] == [0.0, 0.0]
 
 

@@ -31,7 +31,10 @@ top of :data:`BUDGET_LUA`; the rules:
   then sends it to the back of the line); one place at a time, so a place nobody gives up costs at
   most the window's spare read (limits below 20 keep none, so they do not do it);
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering) - nothing is
-  then reserved; a reserved slot is checked again when its message comes back (``confirm``);
+  then reserved; a reserved slot is checked again when its message comes back (``confirm``); one
+  that comes back before its slot (a sweep's hand-over inherits the slot of the step it fenced out)
+  reads now where the minute's line has a slot free now - the day counted it when it was reserved,
+  and the slot is left unused - else at its slot;
 * **what Sume says tightens it for everyone**: ``RateLimit-Limit``/``-Policy`` teach the real
   limits, ``-Remaining``/``-Reset`` what is left of Sume's window (one read is kept in reserve at
   each window's end once Sume counts fewer left than our grants explain: another client spends
@@ -196,6 +199,17 @@ local function budget_take(key, lane_key, now, mode, max_wait, early, cfg_m, cfg
       if mode == 'rconfirm' or owed <= 0 then return answer(1, 0) end
       redis.call('HSET', key, 'owed', owed - 1)  -- a result read took its place: to the back of the line
       owed = owed - 1
+    elseif now >= paused and not exhausted and (mode == 'rconfirm' or owed <= 0) then
+      -- before its slot (a sweep's hand-over inherits it): now, where the minute's line has a slot
+      -- free now (the day counted this read when the slot was reserved; the slot is left unused),
+      -- else at its own slot
+      local t, tau = minute_window(m_limit, share)
+      local tat = st.minute_tat or 0
+      if t <= 0 or tat - tau <= now then
+        if t > 0 then redis.call('HSET', key, 'minute_tat', math.max(tat, now) + t) end
+        return answer(1, 0)
+      end
+      return answer(1, slot - now)
     end
     mode = 'take'
   end

@@ -421,12 +421,13 @@ class Sweeper:
         if held is None:
             return None
         submitted = record.get("submitted_at")
-        # Due at once, ahead of the line of status reads (a job Sume lists as finished); a read slot
-        # its fenced status step had reserved is not waited for.
+        # Due at once: ahead of the line of status reads (a job Sume lists as finished), or on the read
+        # slot its fenced status step had reserved (counted in the day), read before its time where the
+        # minute has room (the limiter's early confirm).
         message = PollMessage(
             job_id=job_id, kind=str(record["kind"]), deadline_at=int(record["deadline_at"]), due_at=round(now, 3),
             token=held.token, seq=held.seq, submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
-            profile=record.get("profile"), found_by="sweep",
+            profile=record.get("profile"), found_by="sweep", slot_at=held.slot,
             key=None if self.key is None or self.key.default else self.key.id)
         if canonical_terminal_status(sume_status) == "completed":  # its result read is the proof
             message = message.next(phase=RESULT_PHASE, seen_terminal_at=now,
