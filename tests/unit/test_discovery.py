@@ -77,20 +77,21 @@ def test_a_job_handed_over_is_due_at_once_with_the_slot_its_fenced_step_had_rese
 def test_a_sweep_starts_only_when_its_lane_has_its_reads_free_and_reserves_none_otherwise(parts: Parts) -> None:
     parts.pending("job_done")
     parts.sume.listing = [page(("job_done", "completed"))]
-    parts.budget.grants = [Grant(False, 40.0)]  # the lane's next 4 reads are 40 s away
+    parts.budget.grants = [Grant(False, 40.0)] * 3  # the lane's next reads are 40 s away; the line spares none
     report = parts.sweeper().run()
     assert not report.ran and report.reads == 0 and (report.why_not or "").startswith("read budget busy")
-    assert parts.budget.patience == [0.0] and parts.budget.modes == ["list"]  # a refusal reserves nothing
+    assert parts.budget.patience == [0.0] * 3 and parts.budget.modes == ["list"] * 3  # a refusal reserves nothing
+    assert parts.budget.counts == [4, 2, 1]  # every status; completed and a failure status; completed alone
     assert parts.sume.calls == [] and parts.budget.lane is not None  # the lane stays open for the next tick
 
 
 def test_a_sweep_borrows_the_reads_the_line_leaves_unspent_when_its_lane_has_none_free(parts: Parts) -> None:
     parts.sume.listing = [page()] * 4
-    parts.budget.grants = [Grant(False, 40.0)]  # the lane's next reads are 40 s away...
+    parts.budget.grants = [Grant(False, 40.0)] * 2  # the lane's next reads are 40 s away...
     parts.budget.spares = True  # ...and the line spends less than an evenly spent day
     report = parts.sweeper().run()
-    assert report.ran and report.complete and parts.budget.modes[:2] == ["list", "spare"]
-    assert parts.budget.patience[:2] == [0.0, 0.0] and parts.budget.counts[:2] == [4, 4]
+    assert report.ran and report.complete and parts.budget.modes[:3] == ["list", "list", "spare"]
+    assert parts.budget.patience[:3] == [0.0] * 3 and parts.budget.counts[:3] == [4, 2, 2]
 
 
 def test_a_sweep_reserves_its_usual_reads_at_once_and_each_page_past_them_alone(parts: Parts) -> None:
@@ -199,27 +200,31 @@ def test_coverage_counts_what_chains_found_and_a_miss_resets_it(parts: Parts) ->
     assert parts.coverage.fields["cov:video"] == "0"
 
 
-def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_alone(parts: Parts) -> None:
-    """And judges only the chains' finds of that status; the failure statuses at least every
-    RARE_EVERY, from the lane or the line's spare reads."""
+def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_and_an_overdue_failure_status(
+        parts: Parts) -> None:
+    """And judges only the chains' finds of the statuses it listed; each failure status at least
+    every RARE_EVERY, from the lane or the line's spare reads."""
     parts.sume.listing = [page()] * 4
-    assert parts.sweeper().run().reads == 4  # every status (the lane had 4 free)
+    assert parts.sweeper().run().reads == 4  # every status (the lane sustains 4 a tick and had them free)
     parts.coverage.found("video", "job_failed", parts.clock.now(), status="failed")
     parts.store.records["job_failed"] = {"job_id": "job_failed", "kind": "video", "status": "failed"}
     parts.clock.advance(300)
     parts.budget.modes.clear()
-    parts.budget.grants = [Grant(False, 300.0), Grant(True, 0.0)]  # 4 not free now, 1 is
+    parts.budget.counts.clear()
+    parts.budget.grants = [Grant(False, 300.0)]  # 4 not free now; the failure statuses are not due
     report = parts.sweeper(lag=60.0).run()
-    assert report.complete and report.reads == 1 and parts.sume.calls[-1][1].endswith("completed")
-    assert parts.budget.modes[:2] == ["list", "list"] and parts.budget.counts[-2:] == [4, 1]
+    assert report.complete and report.reads == 1 and parts.sume.calls[-1] == ("list", "completed")
+    assert parts.budget.counts == [4, 1]
     assert report.coverage.get("video", (0, 0)) == (0, 0)  # the failed find waits for a sweep of failures
-    parts.clock.advance(SWEEP_RARE)  # the failure statuses are due: every status or nothing
+    parts.clock.advance(SWEEP_RARE)  # every failure status due: the one listed longest ago beside completed
+    parts.coverage.update(**{"read_at:canceled": parts.clock.now() - 1, "read_at:expired": parts.clock.now() - 1})
     parts.budget.modes.clear()
-    parts.budget.grants = [Grant(False, 300.0), Grant(True, 0.0)]
+    parts.budget.grants = [Grant(False, 300.0)] * 2
     parts.budget.spares = True
-    parts.sume.listing = [page(), page(("job_failed", "failed")), page(), page()]
+    parts.sume.listing = [page(), page(("job_failed", "failed"))]
     report = parts.sweeper(lag=60.0).run()
-    assert parts.budget.modes == ["list", "spare"] and report.reads == 4 and report.coverage["video"] == (1, 0)
+    assert parts.budget.modes == ["list", "list", "spare"] and report.reads == 2
+    assert parts.sume.calls[-2:] == [("list", "completed"), ("list", "failed")] and report.coverage["video"] == (1, 0)
 
 
 # -- webhooks ------------------------------------------------------------------------------------------

@@ -70,8 +70,8 @@ from .store import JobStore
 from .sume import Listing, Refused, SumeClient
 
 STATUSES = ("completed", "failed", "canceled", "expired")
-#: Where the lane cannot pay for every status each time, a sweep lists ``completed`` alone, and the
-#: failure statuses at least this often (clock seconds: the template's safety cadence).
+#: Where the lane cannot pay for every status each tick, a sweep lists ``completed``, and beside it
+#: a failure status last listed this long ago (clock seconds: the template's safety cadence).
 RARE_EVERY = 900.0
 PAGE_SIZE = 100
 MIN_JOBS_PER_READ = 5
@@ -243,16 +243,20 @@ class Sweeper:
     def _reserve(self, state: dict[str, str], budget: dict[str, float], now: float) -> str | None:
         """Reserve the pages each status took last time (as many as the lane grants at once), so a
         sweep starts only when it can finish: a half sweep proves nothing and wastes its reads.
-        Every status where the lane has those reads free now; else ``completed`` alone (unless a
-        failure status was last listed ``RARE_EVERY`` ago), from the lane or from the reads the line
-        leaves unspent (it spends less than an evenly spent day), if free now."""
+        Every status where the lane sustains that each tick and has the reads free now; else
+        ``completed`` and the failure status listed longest ago if that was ``RARE_EVERY`` ago, else
+        ``completed`` alone - each from the lane, or from the reads the line leaves unspent (it spends
+        less than an evenly spent day), if free now."""
         def pages(statuses: tuple[str, ...]) -> int:
             wanted = sum(max(1, int(float(state.get(f"pages:{s}", 1)))) for s in statuses)
             return min(wanted, self.budget.lane_burst(self.s.read_share))
 
-        rare_due = any(now >= float(state.get(f"read_at:{s}", 0)) + RARE_EVERY for s in STATUSES[1:])
-        plans = [(STATUSES, "list"), *([] if rare_due else [(STATUSES[:1], "list")]),
-                 (STATUSES if rare_due else STATUSES[:1], "spare")]
+        due = sorted((float(state.get(f"read_at:{s}", 0)), s) for s in STATUSES[1:])
+        first = STATUSES[:1]
+        rare = (*first, due[0][1]) if now >= due[0][0] + RARE_EVERY else first
+        rich = self.budget.lane_rate(self.s.read_share) * self.tick >= pages(STATUSES)
+        plans = [*([(STATUSES, "list")] if rich else []), (rare, "list"), (rare, "spare"),
+                 *([(first, "list"), (first, "spare")] if rare != first else [])]
         for statuses, mode in plans:
             count = pages(statuses)
             if mode == "spare" and not self.budget.spare(count, self.s.read_share, budget):
