@@ -3,6 +3,7 @@ both windows at once, reservations, feedback from Sume's headers, pauses, concur
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import uuid
@@ -119,8 +120,9 @@ def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: red
 def test_a_result_read_before_its_reserved_slot_reads_now_where_the_minute_has_room(rdb: redis.Redis,
                                                                                     clock: VirtualClock) -> None:
     """A sweep's hand-over inherits the slot of the step it fenced out (counted in the day then):
-    it reads at once where the minute's line has a slot free now, counting nothing more in the day,
-    else at its own slot."""
+    it reads at once where the minute's line has a slot free now, or - where the day spaces the line
+    slower than the minute - in the minute's room between the line's reads, counting nothing more
+    in the day; a line the minute paces keeps it at its own slot."""
     b = budget(rdb, clock, per_minute=61, per_day=10_000)
     for _ in range(4):
         b.take()  # a few status reads reserved, the last seconds ahead
@@ -128,10 +130,18 @@ def test_a_result_read_before_its_reserved_slot_reads_now_where_the_minute_has_r
     used = b.state()["day_used"]
     far = clock() + 600
     assert b.take("rconfirm", slot=far).now and b.state()["day_used"] == used
-    for _ in range(120):  # the minute's line reserved for two minutes
+    for _ in range(120):  # the line reserved ahead, spaced by the day (10,000 a day: one per 9.6 s)
         b.take()
-    early = b.take("rconfirm", slot=far)
-    assert early.granted and early.wait == pytest.approx(600, abs=0.01) and b.state()["day_used"] == used + 120
+    early = [b.take("rconfirm", slot=far) for _ in range(5)]
+    assert all(g.granted for g in early) and early[0].now and b.state()["day_used"] == used + 120
+    gaps = [later.wait - sooner.wait for sooner, later in itertools.pairwise(early)]
+    minute, day = 60 / granted_per_window(61), 86_400 / 10_000  # the line's paces (no lane open)
+    assert all(g == pytest.approx(1 / (1 / minute - 1 / day), abs=0.01) for g in gaps)  # together: the minute's pace
+    paced = budget(rdb, clock, per_minute=61)  # no day: the minute alone spaces the line
+    for _ in range(120):
+        paced.take()
+    kept = paced.take("rconfirm", slot=clock() + 600)
+    assert kept.granted and kept.wait == pytest.approx(600, abs=0.01)
 
 
 def test_the_sweeps_lane_reads_now_however_far_chains_reserved_and_the_window_still_holds(

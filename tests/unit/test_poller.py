@@ -25,8 +25,8 @@ from fakes import (
 )
 
 from sume_poller.budget import Grant, RateInfo
-from sume_poller.cadence import Cadence
-from sume_poller.coverage import Coverage, is_canary
+from sume_poller.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
+from sume_poller.coverage import CANARY_EVERY, Coverage, is_canary
 from sume_poller.durations import LogNormal
 from sume_poller.gate import ReadGate
 from sume_poller.keycheck import KEY_CHECK_WAIT
@@ -500,6 +500,28 @@ def test_chains_stretch_only_where_sweeps_proved_coverage_and_come_back_when_it_
     rig.sume.status["job_b"] = [status("running")]
     lapsed = rig.run(rig.submit("job_b"))  # not covered: the first read at its normal time
     assert lapsed.name == "requeued" and lapsed.status_reads == 1
+
+
+def test_with_many_jobs_pending_stretched_chains_and_canaries_space_out_to_fit_their_share_of_the_budget(
+        rig: Rig) -> None:
+    now = rig.clock.now()
+    rig.poller.cadence.coverage = FixedCoverage(Coverage(  # type: ignore[assignment]
+        healthy_until=now + 10**6, covered=frozenset({"image"}), route="ok", every=300.0))
+    cadence = rig.poller.cadence
+    cadence.rate, cadence.pending = 10_000 / 86_400, 1_000  # 1,000 pending on 10,000 reads a day
+    rig.poller.gate.pending = 1_000  # as the limiter last told it (each step passes it on)
+    spread = 1_000 / (cadence.rate * STRETCHED_SHARE)  # together a tenth of the budget: a read a day each
+    assert cadence.stretched_gap("image", now) == pytest.approx(spread)
+    assert cadence.stretched_gap("video", now) == rig.poller.s.discovery.safety  # not covered: nothing to stretch
+    rig.sume.status["job_a"] = [status("running")]
+    hop = rig.next_of(rig.run(rig.submit("job_a")))
+    assert hop.due_at >= now + spread  # even the first read
+    canary = next(f"job_c{i}" for i in range(1_000) if is_canary(f"job_c{i}"))
+    rig.sume.status[canary] = [status("running")]
+    nxt = rig.next_of(rig.run(rig.submit(canary)))
+    assert nxt.normal_due is None and nxt.due_at >= now + 1_000 / CANARY_EVERY / (cadence.rate * CANARY_SHARE)
+    cadence.pending = 10  # few pending: the safety cadence and the sweeps' interval
+    assert cadence.stretched_gap("image", now) == rig.poller.s.discovery.safety
 
 
 def test_a_webhook_hand_over_reads_now_even_where_chains_are_stretched(rig: Rig) -> None:

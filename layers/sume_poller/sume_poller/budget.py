@@ -33,8 +33,9 @@ top of :data:`BUDGET_LUA`; the rules:
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering) - nothing is
   then reserved; a reserved slot is checked again when its message comes back (``confirm``); one
   that comes back before its slot (a sweep's hand-over inherits the slot of the step it fenced out)
-  reads now where the minute's line has a slot free now - the day counted it when it was reserved,
-  and the slot is left unused - else at its slot;
+  reads now where the minute's line has a slot free now, or where the day spaces the line slower
+  than the minute and the minute's room between its reads is free (``early_tat``) - the day counted
+  it when it was reserved, and the slot is left unused - else at its slot;
 * **what Sume says tightens it for everyone**: ``RateLimit-Limit``/``-Policy`` teach the real
   limits, ``-Remaining``/``-Reset`` what is left of Sume's window (one read is kept in reserve at
   each window's end once Sume counts fewer left than our grants explain: another client spends
@@ -88,13 +89,15 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   owed              reserved status reads whose place a result read took (they go to the back)
 --   ahead_next        the slot of the next result read that takes a place
 --   status_taken      status reads granted so far (a counter: sweeps weigh what chains spend)
+--   early_tat         the next reserved read that may come before its slot while the day spaces the line
 -- The sweeps' lane (KEYS[2], the same cluster slot):
 --   open_until        the sweep function keeps it open (every tick)
 --   share             per mille of each minute kept for list reads
 --   minute_tat        the lane's own line, a minute's pace...
 --   day_tat           ...and the day's: the lane's share of the day, evenly (the line gets the rest)
 local FIELDS = {'minute_tat', 'day_used', 'day_next', 'day_reset', 'pause_until', 'key_pause_until', 'sume_left',
-                'sume_reset', 'other_until', 'learned_minute', 'learned_day', 'pending', 'owed', 'ahead_next'}
+                'sume_reset', 'other_until', 'learned_minute', 'learned_day', 'pending', 'owed', 'ahead_next',
+                'early_tat'}
 
 local function load(key, fields)
   local values, state = redis.call('HMGET', key, unpack(fields)), {}
@@ -208,6 +211,14 @@ local function budget_take(key, lane_key, now, mode, max_wait, early, cfg_m, cfg
       if t <= 0 or tat - tau <= now then
         if t > 0 then redis.call('HSET', key, 'minute_tat', math.max(tat, now) + t) end
         return answer(1, 0)
+      end
+      -- the line reserved ahead at the day's pace, slower than the minute's: early reads fill the
+      -- minute's room between its reads (together no faster than the minute's pace)
+      local day_t = (d_limit > 0 and rate > 0) and 1 / rate or 0
+      local at = math.max(now, st.early_tat or 0)
+      if day_t > t and at < slot then  -- the earlier of the two slots (the later one is left unused)
+        redis.call('HSET', key, 'early_tat', at + 1 / (1 / t - 1 / day_t))
+        return answer(1, at - now)
       end
       return answer(1, slot - now)
     end

@@ -6,7 +6,9 @@ discovery covers the job's kind, and how far away a read slot a step will accept
   proved they see the kind (or verified webhooks arrive for it), the safety cadence instead - the
   normal time kept in the message (``normal_due``) so the chain returns to it at once should the
   cover lapse (about one chain in twenty, a canary, is never stretched: it reads on the normal
-  schedule, no more often than sweeps run);
+  schedule, no more often than sweeps run); where many jobs are pending, stretched chains' reads
+  and canaries' space out further, so that each group takes at most its share of the budget
+  (``STRETCHED_SHARE``, ``CANARY_SHARE``);
 * :meth:`Cadence.adjust` - a message as it comes back: a stretched step whose cover lapsed is
   due at its normal time; a chain's first read of a covered kind waits for the safety cadence too
   (hand-overs of sweeps and webhooks read at once);
@@ -22,12 +24,19 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from .coverage import CoverageView, is_canary
+from .coverage import CANARY_EVERY, CoverageView, is_canary
 from .messages import RESULT_PHASE, PollMessage
 from .observability import logger
 from .redisconn import RedisFailure, describe, failure
 from .schedule import DEFAULT_W0, Bounds, defer_delay, max_wait, next_delay, overdue, read_priority
 from .settings import PollSettings
+
+#: Of the read budget, the most that stretched chains' reads together, and canaries' together, may
+#: take: where pending jobs are many, each one's reads space out (past the safety cadence, past the
+#: sweeps' interval) so that together they fit it - sweeps find the jobs, a miss they make is
+#: measured by the canaries' finds and returns every chain of the kind to its normal schedule at once.
+STRETCHED_SHARE = 0.1
+CANARY_SHARE = 0.05
 
 
 class Cadence:
@@ -50,7 +59,7 @@ class Cadence:
             return msg.next(due_at=min(msg.due_at, msg.normal_due))  # no longer covered: the normal schedule
         if (msg.reads == 0 and msg.normal_due is None and msg.found_by is None and msg.phase != RESULT_PHASE
                 and self.stretches(msg.kind, msg.job_id, now)):
-            stretched = (msg.submitted_at or now) + self.s.discovery.safety
+            stretched = (msg.submitted_at or now) + self.stretched_gap(msg.kind, now)
             return msg.next(due_at=round(max(msg.due_at, stretched), 3), normal_due=round(msg.due_at, 3))
         return msg
 
@@ -59,15 +68,30 @@ class Cadence:
         model, age, last, _ = self._position(chain, now)
         due = now + next_delay(chain.kind, chain.reads - 1, age, last, model, self.bounds, hint=hint, rng=self.rng)
         if self.stretches(chain.kind, chain.job_id, now):
-            return max(due, now + self.s.discovery.safety), round(due, 3)
+            return max(due, now + self.stretched_gap(chain.kind, now)), round(due, 3)
         return max(due, now + self._canary_gap(chain, now)), None
 
+    def _spread(self, chains: float, share: float) -> float:
+        """Clock seconds between reads of each of ``chains`` chains that together take ``share`` of
+        the budget (0 where the budget or the pending count is not known)."""
+        return 0.0 if self.pending is None or not 0 < self.rate < math.inf else chains / (self.rate * share)
+
+    def stretched_gap(self, kind: str, now: float) -> float:
+        """A stretched chain's reads: the safety cadence, or, where sweeps cover the kind, further
+        apart where many are pending (webhooks alone: the safety cadence catches a lost delivery)."""
+        d = self.s.discovery
+        swept = self.coverage is not None and d.sweeps and self.coverage.get().stretches(kind, now)
+        return max(d.safety, self._spread(self.pending or 0, STRETCHED_SHARE)) if swept else d.safety
+
     def _canary_gap(self, chain: PollMessage, now: float) -> float:
-        """A canary of a kind sweeps cover reads no more often than sweeps run (0: not one)."""
+        """A canary of a kind sweeps cover reads no more often than sweeps run, nor than canaries
+        together fit their share of the budget (0: not a canary, or not covered)."""
         if self.coverage is None or not self.s.discovery.sweeps or not is_canary(chain.job_id):
             return 0.0
         found = self.coverage.get()
-        return found.every if found.stretches(chain.kind, now) else 0.0
+        if not found.stretches(chain.kind, now):
+            return 0.0
+        return max(found.every, self._spread((self.pending or 0) / CANARY_EVERY, CANARY_SHARE))
 
     def found(self, chain: PollMessage, now: float, status: str | None = None) -> str | None:
         """A chain found its job terminal itself: kept for the next complete sweeps to judge (what

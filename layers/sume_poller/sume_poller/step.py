@@ -56,7 +56,7 @@ def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin
     elif msg.slot_at is not None:
         mode = "rconfirm" if msg.phase == RESULT_PHASE else "confirm"
     else:
-        mode = "ahead" if msg.phase == RESULT_PHASE or msg.found_by else "take"
+        mode = "ahead" if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else "take"
     return Plan(hop, max(1, int(ttl * 1000)), mode, patience(msg, now) if mode == "take" else math.inf)
 
 
