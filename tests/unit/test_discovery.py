@@ -157,13 +157,16 @@ def test_few_pending_jobs_are_swept_when_their_chains_status_reads_cost_more_tha
     parts.sume.listing = [page()] * 8
     assert not parts.sweeper().run().ran  # no measure yet
     parts.clock.advance(60)
-    parts.budget.status_taken = 2  # 2 status reads in a minute on 10 jobs: 2 a sweep, under its 4
+    parts.budget.status_taken = 2  # 2 status reads in a minute on 10 jobs: 2 a sweep of 4 list reads
     report = parts.sweeper().run()
     assert not report.ran and "status reads 2.0 a sweep: chains are cheaper" in (report.why_not or "")
     parts.clock.advance(60)
-    parts.budget.status_taken += 30  # 30 in the next minute: more than a sweep of 4 list reads
+    parts.budget.status_taken += 19  # 19 in the next minute: under 5 a list read of a sweep of 4
+    assert not parts.sweeper().run().ran
+    parts.clock.advance(60)
+    parts.budget.status_taken += 20  # 20: a sweep pays
     assert parts.sweeper().run().ran
-    assert float(parts.coverage.fields["status_rate"]) == pytest.approx(30 / 60 / 10)
+    assert float(parts.coverage.fields["status_rate"]) == pytest.approx(20 / 60 / 10)
 
 
 def test_a_complete_sweep_keeps_coverage_for_two_of_the_lanes_intervals_where_the_lane_is_slower(

@@ -229,9 +229,11 @@ class Sweeper:
             return f"list route {state['route']} until {float(state['route_until']):.0f}"
         pending = budget.get("pending", 0.0)
         cost = max(len(STATUSES), int(float(state.get("reads", len(STATUSES)))))
-        # What chains would spend on status reads between two sweeps: a sweep that costs less saves.
+        # What chains would spend on status reads between two sweeps: a sweep pays, like 5 pending
+        # jobs per list read, where that is 5 status reads per list read (stretching has its costs:
+        # canaries, the safety reads, the reads before coverage is proven).
         saves = float(state.get("status_rate", 0)) * pending * self._every(cost)
-        if pending / cost < MIN_JOBS_PER_READ and saves < cost:
+        if pending / cost < MIN_JOBS_PER_READ and saves < MIN_JOBS_PER_READ * cost:
             return (f"{pending:.0f} pending jobs for {cost} list reads, chains' status reads {saves:.1f} a sweep: "
                     "chains are cheaper")
         relied_on = any(k.startswith("cov:") and int(v) > 0 for k, v in state.items())
