@@ -5,7 +5,10 @@ are not documented, so a sweep assumes nothing it has not checked:
 
 * one ``status`` per call (completed, failed, canceled, expired), no ``type`` filter: listed ids
   are matched to this project's pending jobs by their records (which know each job's kind);
-  ids this project never submitted are ignored;
+  ids this project never submitted are ignored. Where the lane cannot pay for all four each tick, a
+  sweep lists ``completed`` and beside it the failure status listed longest ago once that is
+  ``RARE_EVERY`` ago (else ``completed`` alone), and judges only the chains' finds of the statuses
+  it listed;
 * the filter filters: every item of a page must carry a terminal status equal to the one asked
   (case-insensitive, synonyms allowed: ``complete`` for ``completed``, ``cancelled`` for
   ``canceled``...). Anything else on the page - a running job, an item without a status, another
@@ -27,7 +30,8 @@ are not documented, so a sweep assumes nothing it has not checked:
   the key: chains are not paused;
 * every list read takes a slot from the shared read budget: from the sweeps' lane, a share of
   each window kept for them (:meth:`Budget.open_lane`, opened on every tick), so however far
-  chains have reserved the budget ahead, a sweep reads now.
+  chains have reserved the budget ahead, a sweep reads now; where the lane has none free, from the
+  reads the line leaves unspent (it spends less than an evenly spent day: :meth:`Budget.spare`).
 
 Sweeps run per Sume key (the list route lists one workspace), each in its key's budget lane with
 its own state; a listed id whose record belongs to another key is ignored.
@@ -42,10 +46,13 @@ it). If a delivery of the chain is mid-poll, the sweep leaves the job to it. Com
 judge coverage (:mod:`sume_poller.coverage`).
 
 Cadence: the schedule ticks (the sweep measures how often, in clock time), but a sweep runs only
-while it saves reads: when the
-pending jobs it could finish are many per list read it costs (``MIN_JOBS_PER_READ``). While no
+while it saves reads: when the pending jobs it could finish are many per list read it costs
+(``MIN_JOBS_PER_READ``), or the status reads chains spend between two sweeps are (measured from the
+limiter's ``status_taken`` over each tick, per pending job, while no chain is stretched). While no
 kind is covered, every idle sweep (nothing finished, no coverage confirmed) doubles the wait
-before the next one, up to 16 periods; once chains rely on sweeps, they run every period.
+before the next one, up to 16 periods; once chains rely on sweeps, they run every period. A
+complete sweep keeps coverage healthy for two intervals of sweeps (the tick's, or the lane's for a
+sweep of every status where that is slower) plus the lag.
 """
 
 from __future__ import annotations
