@@ -136,3 +136,20 @@ def test_the_sets_of_chain_finds_stay_bounded_while_sweeps_are_idle(rdb: redis.R
     assert rdb.zscore(store.found_key("image"), f"job_i{FOUND_MAX + 499:05d}") is not None
     verdicts = store.judge({"video": {"job_03999"}}, swept_from=newest + 100, lag=60)
     assert verdicts["video"] == (1, len(members) - 1) and set(verdicts) <= set(KINDS)
+
+
+def test_a_sweep_of_some_statuses_judges_only_the_finds_of_those(rdb: redis.Redis) -> None:
+    """A find carries its status (and submission); one kept without a status, as before, waits for a
+    sweep of every status."""
+    store = CoverageStore(rdb, "sume:poll:")
+    store.found("video", "job_done", NOW, NOW - 600, "completed")
+    store.found("video", "job_failed", NOW, None, "failed")
+    store.found("video", "job_old", NOW)  # kept without a status
+    swept = NOW + 300
+    some = store.judge({"video": {"job_done"}}, swept_from=swept, lag=60, statuses=frozenset({"completed"}))
+    assert some["video"] == (1, 0)  # job_failed and job_old not judged: neither listed nor missed
+    assert rdb.zcard(store.found_key("video")) == 2
+    bounded = store.judge({}, swept_from=swept, lag=60, created_after=NOW - 60, statuses=frozenset({"failed"}))
+    assert bounded.get("video", (0, 0)) == (0, 0)  # job_failed has no submission time: a bounded sweep skips it
+    every = store.judge({"video": {"job_failed"}}, swept_from=swept, lag=60)
+    assert every["video"] == (1, 1) and rdb.zcard(store.found_key("video")) == 0  # job_old: a miss
