@@ -118,4 +118,4 @@ def status_reads(stack: InProcessStack, ids: list[str]) -> int:
 
 def found_by(stack: InProcessStack, ids: list[str]) -> Counter[str]:
     """Who found each job finished: its chain, a sweep or a webhook (from the job records)."""
-    return Counter(str(r.get("found_by")) for r in stack.table.batch_get(ids).values())
+    return Counter(str(r.get("found_by")) for r in stack.table.get_many(ids).values())
