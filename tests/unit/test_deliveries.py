@@ -170,8 +170,10 @@ def test_a_webhook_kind_reads_late_by_its_plan_and_at_the_safety_cadence_while_i
     assert not cadence.probes(message(clock, kind="image"), clock.now())  # no webhooks for images
     clock.advance(1_000)  # past the tail: status reads, spaced out
     assert not cadence.probes(running, clock.now())
-    learning = hooked(clock, {})
-    assert learning.adjust(message(clock), clock.now()).due_at == clock.now() + learning.s.discovery.safety
+    learning = hooked(clock, {})  # too few deliveries to plan on: a read every LOST_WITHIN, status reads
+    assert learning.adjust(message(clock), clock.now()).due_at == clock.now() + LOST_WITHIN
+    assert learning.next_read(message(clock, reads=1), clock.now(), None)[0] == clock.now() + LOST_WITHIN
+    assert not learning.probes(message(clock, reads=1), clock.now())
     lapsed = hooked(clock, {"video": plan}, arriving=False)  # no delivery lately: the normal schedule
     msg = message(clock)
     assert lapsed.adjust(msg, clock.now()) == msg and not lapsed.probes(msg, clock.now())

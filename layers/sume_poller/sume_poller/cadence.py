@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .coverage import CoverageView, is_canary
-from .deliveries import DeliveryStore, DeliveryView, LatePlan
+from .deliveries import LOST_WITHIN, DeliveryStore, DeliveryView, LatePlan
 from .messages import RESULT_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
 from .redisconn import RedisFailure, describe, failure
@@ -61,7 +61,7 @@ class Cadence:
         if (msg.reads == msg.result_reads == 0 and msg.normal_due is None and msg.found_by is None
                 and msg.phase != RESULT_PHASE and (stretched or late is not None)):
             submitted = msg.submitted_at or now
-            first = submitted + (late.first if late is not None and not stretched else self.s.discovery.safety)
+            first = submitted + (late.first if late is not None and not stretched else self._stretch(msg.kind, now))
             return msg.next(due_at=round(max(msg.due_at, first), 3), normal_due=round(msg.due_at, 3))
         return msg
 
@@ -71,7 +71,7 @@ class Cadence:
         due = now + next_delay(chain.kind, max(0, chain.reads - 1), age, last, model, self.bounds, hint=hint,
                                rng=self.rng)
         if self.stretches(chain.kind, chain.job_id, now):
-            return max(due, now + self.s.discovery.safety), round(due, 3)
+            return max(due, now + self._stretch(chain.kind, now)), round(due, 3)
         if (late := self.late(chain.kind, now)) is not None:  # after the job is likely done and delivered
             at = (chain.submitted_at or now - age) + late.next_age(age)
             return max(min(at, now + self.bounds.max_interval), now + self.bounds.min_interval, now + (hint or 0.0)), \
@@ -87,6 +87,12 @@ class Cadence:
         """The kind's late plan, where verified deliveries arrive for it (None: no webhooks, none lately,
         or too few deliveries to plan on)."""
         return self.deliveries.get(kind) if self.deliveries is not None and self._arriving(kind, now) else None
+
+    def _stretch(self, kind: str, now: float) -> float:
+        """How far a stretched chain's reads are apart: the safety cadence where sweeps cover the kind,
+        ``LOST_WITHIN`` while deliveries arrive for it but too few to plan on (a lost one found as soon)."""
+        covered = self.s.discovery.sweeps and self.coverage is not None and self.coverage.get().stretches(kind, now)
+        return self.s.discovery.safety if covered else min(LOST_WITHIN, self.s.discovery.safety)
 
     def _arriving(self, kind: str, now: float) -> bool:
         """Verified deliveries arrive (lately) for a kind that has webhooks."""
