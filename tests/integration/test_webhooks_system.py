@@ -101,6 +101,7 @@ def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStac
     ids = submit(stack, 2, {"duration": 100}, kind="video")
     run(stack, ids)
     reads = sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids)
+    assert all(stack.sim.stats()["jobs"][j]["result_reads"] == 1 for j in ids)
     body = json.dumps({"id": "evt_late", "type": "video_generation.ready", "data": {"job_id": ids[0]}}).encode()
     stamp = str(int(stack.clock.now()))
     signature = "v1=" + hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
@@ -108,7 +109,9 @@ def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStac
                                                          "X-Sume-Signature": signature}, "body": body.decode()})
     assert reply["statusCode"] == 202 and json.loads(reply["body"])["queued"] is False
     assert stack.queue_depth() == 0
-    assert sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids) == reads
+    jobs = stack.sim.stats()["jobs"]
+    assert sum(jobs[j]["status_reads"] + jobs[j]["result_reads"] for j in ids) == reads + len(ids)  # no read
+    check(stack, ids, scenario="a delivery for a job already recorded", expected="completed")  # one event each
 
 
 def deliver(stack: InProcessStack, job_id: str, event: str, event_id: str, **data: Any) -> dict[str, Any]:
