@@ -43,7 +43,7 @@ MIN_SAMPLE = 20
 #: A lost delivery's job is read within this many clock seconds of finishing (but the late share)...
 LOST_WITHIN = 300.0
 #: ... for all but this share of all jobs, delivered or not.
-LATE_SHARE = 0.04
+LATE_SHARE = 0.035
 #: The loss planned for at least (a loss never seen yet is not none).
 MIN_LOSS = 0.1
 VIEW_TTL = 60.0
