@@ -50,7 +50,7 @@ def test_reads_after_the_first_come_a_gap_apart_up_to_the_tail_then_space_out() 
     assert [round(b - a, 6) for a, b in itertools.pairwise(ages[:4])] == [LOST_WITHIN] * 3  # no float stall
     assert all(b > a for a, b in itertools.pairwise(ages))
     assert plan.next_age(2_000.0) == 3_000.0 and plan.next_age(10.0) == plan.first
-    assert plan.probes(plan.tail) and not plan.probes(plan.tail + 1)
+    assert plan.probes(plan.tail + 1) and not plan.probes(plan.tail + LOST_WITHIN)  # a read due at the tail, late
 
 
 def test_a_kind_with_too_few_deliveries_has_no_plan() -> None:
@@ -168,7 +168,7 @@ def test_a_webhook_kind_reads_late_by_its_plan_and_at_the_safety_cadence_while_i
     assert not cadence.probes(running.next(errors=1), clock.now())  # a fault: a status read decides
     assert not cadence.probes(running.next(found_by="webhook"), clock.now())
     assert not cadence.probes(message(clock, kind="image"), clock.now())  # no webhooks for images
-    clock.advance(1_000)  # past the tail: status reads, spaced out
+    clock.advance(1_200)  # past the tail: status reads, spaced out
     assert not cadence.probes(running, clock.now())
     learning = hooked(clock, {})  # too few deliveries to plan on: a read every LOST_WITHIN, status reads
     assert learning.adjust(message(clock), clock.now()).due_at == clock.now() + LOST_WITHIN

@@ -16,7 +16,7 @@ largest age, ``tail``; past it, reads space out geometrically (half the age). Ea
 plus the share of jobs a lost delivery would leave unfound for longer than ``LOST_WITHIN``,
 priced by one multiplier for all kinds: the smallest that keeps those late jobs, over every
 kind by its deliveries and times the loss, within ``LATE_SHARE`` of all jobs (the p95). A read up
-to ``tail`` asks the result route (:meth:`LatePlan.probes`): a result is Sume's word that the job
+to ``tail`` (and half a gap past it) asks the result route (:meth:`LatePlan.probes`): a result is Sume's word that the job
 completed (one read for a lost delivery, not a status read and a result read); any other answer
 leaves the job to its next read, and past ``tail`` (a failed job whose delivery was lost answers
 the result route as a running one does) the reads are status reads.
@@ -65,8 +65,9 @@ class LatePlan:
         return age + max(self.gap, age / 2)
 
     def probes(self, age: float) -> bool:
-        """Does a read at ``age`` ask the result route (a result: the job completed)?"""
-        return age <= self.tail
+        """Does a read at ``age`` ask the result route (a result: the job completed)? Up to the tail,
+        and half a gap past it: a read planned at the tail arrives a little after it."""
+        return age <= self.tail + self.gap / 2
 
 
 @dataclass(frozen=True, slots=True)
