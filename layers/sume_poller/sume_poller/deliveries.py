@@ -16,14 +16,14 @@ largest age, ``tail``; past it, reads space out geometrically (half the age). Ea
 plus the share of jobs a lost delivery would leave unfound for longer than ``LOST_WITHIN``,
 priced by one multiplier for all kinds: the smallest that keeps those late jobs, over every
 kind by its deliveries and times the loss, within ``LATE_SHARE`` of all jobs (the p95). A read up
-to ``tail`` (and half a gap past it) asks the result route (:meth:`LatePlan.probes`): a result is Sume's word that the job
-completed (one read for a lost delivery, not a status read and a result read); any other answer
-leaves the job to its next read, and past ``tail`` (a failed job whose delivery was lost answers
-the result route as a running one does) the reads are status reads.
+to ``tail`` (and half a gap past it) asks the result route (:meth:`LatePlan.probes`): a result is
+Sume's word that the job completed (one read for a lost delivery, not a status read and a result
+read); any other answer leaves the job to its next read. Past that (a failed job whose delivery
+was lost answers the result route as a running one does) the reads are status reads.
 
-Below ``MIN_SAMPLE`` ages a kind has no plan (its chains read at the safety cadence, as the lost
-deliveries' safety net, while deliveries arrive). Containers
-read the lists through :class:`DeliveryView`, cached for ``VIEW_TTL`` clock seconds.
+Below ``MIN_SAMPLE`` ages a kind has no plan: while deliveries arrive, its chains read every
+``LOST_WITHIN`` seconds (status reads; :mod:`sume_poller.cadence`). Containers read the lists
+through :class:`DeliveryView`, cached for ``VIEW_TTL`` clock seconds.
 """
 
 from __future__ import annotations
