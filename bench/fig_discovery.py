@@ -211,10 +211,15 @@ def _notes(chains: Result, swept: Result) -> str:
 
 
 def measure(quick: bool = False, seed: int = 7) -> list[Row]:
+    from bench.fig_capacity import webhooks_only
     from bench.harness import layer_logs_to
+    from tools.services import RedisServer
     from tools.stack.inprocess import InProcessStack
 
     window = 360.0 if quick else 600.0
+    if webhooks_only():  # BENCH_WEBHOOKS_ONLY=1: the webhook row alone
+        with layer_logs_to(SCRATCH / "bench-discovery-virtual.log"), RedisServer() as server:
+            return _webhook_rows(server.url, quick, seed)
     with layer_logs_to(SCRATCH / "bench-discovery-virtual.log"):
         rows = _big_rows(quick, seed)
     with InProcessStack(time_scale=SCALE, parameters=PARAMETERS, env=ENV,

@@ -29,7 +29,7 @@ import redis
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from sume_poller.coverage import CoverageStore
 from tools.local_invoke import parse_parameter_overrides
@@ -86,9 +86,7 @@ def kind_lines(stack: Stack, records: list[dict[str, Any]]) -> list[tuple[str, s
 
 
 def table(title: str, rows: list[tuple[str, str]]) -> Table:
-    view = Table(title=title)
-    view.add_column("what")
-    view.add_column("value", justify="right")
+    view = Table("what", Column("value", justify="right"), title=title)
     for row in rows:
         view.add_row(*row)
     return view

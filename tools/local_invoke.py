@@ -67,8 +67,7 @@ class LambdaContext:
         self.aws_request_id = aws_request_id or str(uuid.uuid4())
         self.log_group_name = f"/aws/lambda/{function_name}"
         self.log_stream_name = os.environ.get("AWS_LAMBDA_LOG_STREAM_NAME") or _log_stream_name()
-        self.identity: Any = None  # and client_context, tenant_id: none locally
-        self.client_context = self.tenant_id = None
+        self.identity = self.client_context = self.tenant_id = None  # none locally
         self._deadline = time.monotonic() + float(timeout_s)
 
     def get_remaining_time_in_millis(self) -> int:
@@ -118,8 +117,7 @@ def apply_env_vars(spec: FunctionSpec, env_vars: Mapping[str, Any], warn: IO[str
 
 @dataclasses.dataclass(frozen=True)
 class InvokeResult:
-    """One invocation: the child's exit code, the parsed result (or Lambda's error document), its raw stdout and its
-    stderr."""
+    """One invocation: the child's exit code, the parsed result (or Lambda's error document), its stdout and stderr."""
 
     returncode: int
     payload: Any

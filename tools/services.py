@@ -214,8 +214,7 @@ class RedisCluster:
 def speed_up_moto() -> None:
     """Two changes to moto, in its server and in this process's mock alike: its dispatcher's listing of moto's package
     directory on every request (~150 stat calls, a tenth of the server's CPU in the test runs) is read once; a JSON
-    template body is read with json, not PyYAML's pure-Python loader (80 ms for this template, on every
-    CreateStack)."""
+    template body is read with json, not PyYAML's pure-Python loader (80 ms a CreateStack for this template)."""
     import functools
     import json
 

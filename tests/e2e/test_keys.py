@@ -26,7 +26,7 @@ def test_jobs_of_two_keys_each_finish_on_their_own_key(stack: DeployedStack) -> 
     jobs = {key: [submit(stack, None if key == "default" else key) for _ in range(3)] for key in ("default", "acme")}
     every = [j for ids in jobs.values() for j in ids]
     stack.drive(lambda: stack.settled(every) and set(every) <= {e["job_id"] for e in stack.events()}, timeout=120)
-    records = stack.table.batch_get(every)
+    records = stack.table.get_many(every)
     events = {e["job_id"]: e for e in stack.events()}
     workspaces = stack.sim.stats()["keys"]
     for key, ids in jobs.items():

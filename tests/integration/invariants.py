@@ -74,7 +74,7 @@ def check(stack: Any, job_ids: Iterable[str], *, scenario: str, allowance: int |
           expected: Mapping[str, str] | str | None = None, notes: str = "", **extra: Any) -> Verdict:
     """Assert the invariants for ``job_ids`` on ``stack`` (settled) and record a figures row."""
     ids = list(dict.fromkeys(job_ids))
-    records = stack.table.batch_get(ids)
+    records = stack.table.get_many(ids)
     problems: list[str] = []
     for job_id in ids:
         record = records.get(job_id)

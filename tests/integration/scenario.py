@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from sume_poller.createqueue import QUEUED, submission_id
 from sume_poller.store import STATS_PREFIX
 from tools.services import MotoServer
 from tools.stack.inprocess import InProcessStack
@@ -118,4 +119,16 @@ def status_reads(stack: InProcessStack, ids: list[str]) -> int:
 
 def found_by(stack: InProcessStack, ids: list[str]) -> Counter[str]:
     """Who found each job finished: its chain, a sweep or a webhook (from the job records)."""
-    return Counter(str(r.get("found_by")) for r in stack.table.batch_get(ids).values())
+    return Counter(str(r.get("found_by")) for r in stack.table.get_many(ids).values())
+
+
+def submission(stack: InProcessStack, key: str) -> dict[str, Any]:
+    """The default key's submission record of idempotency key ``key`` (queued, created or rejected)."""
+    record = stack.table.get(submission_id("default", key))
+    assert record is not None, key
+    return record
+
+
+def settled(stack: InProcessStack, keys: list[str]) -> bool:
+    """None of these submissions is still queued."""
+    return all(submission(stack, k)["status"] != QUEUED for k in keys)

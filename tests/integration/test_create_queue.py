@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import redis
-from scenario import FAST_LEASES, stack_fixtures
+from scenario import FAST_LEASES, settled, stack_fixtures, submission
 
 from sume_poller.budget import NO_DAY_RESERVE, Budget
-from sume_poller.createqueue import CREATED, QUEUED, REJECTED, submission_id
+from sume_poller.createqueue import CREATED, REJECTED
 from tools.stack.base import wait_until
 from tools.stack.inprocess import InProcessStack
 
@@ -38,16 +38,6 @@ module_stack, stack = stack_fixtures(SCALE, PARAMETERS, FAST_LEASES, sim_options
 def event(i: int, **sim: Any) -> dict[str, Any]:
     return {"kind": "image", "idempotency_key": f"burst-{i:04d}-{uuid.uuid4().hex[:8]}",
             "params": {"prompt": f"burst {i}", "sim": {"duration": 2, **sim}}}
-
-
-def submission(stack: InProcessStack, key: str) -> dict[str, Any]:
-    record = stack.table.get(submission_id("default", key))
-    assert record is not None, key
-    return record
-
-
-def settled(stack: InProcessStack, keys: list[str]) -> bool:
-    return all(submission(stack, k)["status"] != QUEUED for k in keys)
 
 
 def create_429s(stack: InProcessStack) -> int:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import redis
-from scenario import FAST_LEASES, stack_fixtures
+from scenario import FAST_LEASES, settled, stack_fixtures, submission
 
-from sume_poller.createqueue import CREATED, EXPIRED, QUEUED, REJECTED, submission_id
+from sume_poller.createqueue import CREATED, EXPIRED, REJECTED
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -37,16 +37,6 @@ module_stack, stack = stack_fixtures(SCALE, PARAMETERS, FAST_LEASES,
 def event(i: int) -> dict[str, Any]:
     return {"kind": "image", "idempotency_key": f"fault-{i:04d}-{uuid.uuid4().hex[:8]}",
             "params": {"prompt": f"fault {i}", "sim": {"duration": 2}}}
-
-
-def submission(stack: InProcessStack, key: str) -> dict[str, Any]:
-    record = stack.table.get(submission_id("default", key))
-    assert record is not None, key
-    return record
-
-
-def settled(stack: InProcessStack, keys: list[str]) -> bool:
-    return all(submission(stack, k)["status"] != QUEUED for k in keys)
 
 
 def drain_idle(stack: InProcessStack) -> bool:

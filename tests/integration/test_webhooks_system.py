@@ -1,6 +1,7 @@
 """Webhooks on the whole system (in-process stack, TimeScale 0.02): the simulator delivers signed
 webhooks (some lost, some twice) to a local endpoint standing in for the function URL; chains of
-the webhook kind stretch while deliveries arrive; nothing is lost; a late delivery reads nothing."""
+the webhook kind stretch while deliveries arrive and read late once the kind has its delivery ages;
+nothing is lost; a late delivery reads nothing."""
 
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStac
     ids = submit(stack, 2, {"duration": 100}, kind="video")
     run(stack, ids)
     reads = sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids)
+    assert all(stack.sim.stats()["jobs"][j]["result_reads"] == 1 for j in ids)
     body = json.dumps({"id": "evt_late", "type": "video_generation.ready", "data": {"job_id": ids[0]}}).encode()
     stamp = str(int(stack.clock.now()))
     signature = "v1=" + hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
@@ -108,7 +110,9 @@ def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStac
                                                          "X-Sume-Signature": signature}, "body": body.decode()})
     assert reply["statusCode"] == 202 and json.loads(reply["body"])["queued"] is False
     assert stack.queue_depth() == 0
-    assert sum(s["status_reads"] for j, s in stack.sim.stats()["jobs"].items() if j in ids) == reads
+    jobs = stack.sim.stats()["jobs"]
+    assert sum(jobs[j]["status_reads"] + jobs[j]["result_reads"] for j in ids) == reads + len(ids)  # no read
+    check(stack, ids, scenario="a delivery for a job already recorded", expected="completed")  # one event each
 
 
 def deliver(stack: InProcessStack, job_id: str, event: str, event_id: str, **data: Any) -> dict[str, Any]:
@@ -142,3 +146,20 @@ def test_a_ready_delivery_goes_straight_to_the_result_and_a_failed_one_is_record
     assert all(stack.record(j)["result_json"] for j in early)  # type: ignore[index]
     by_hook = [j for j in failed if stack.record(j)["found_by"] == "webhook"]  # type: ignore[index]
     assert by_hook and all(stack.record(j)["error"]["code"] for j in by_hook)  # type: ignore[index]
+
+
+def test_once_a_kind_has_its_delivery_ages_a_lost_delivery_costs_one_read_of_the_result(stack: InProcessStack) -> None:
+    """24 video jobs delivered teach the kind its ages; then every delivery is lost: each chain reads
+    late, by the result route - the result is the proof, no status read - and every job is once."""
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.0}, list={"route": "missing"})
+    warm_up = submit(stack, 24, {"duration": 60, "hints": False, "steps": 1}, kind="video")
+    run(stack, warm_up, timeout=60)
+    assert found_by(stack, warm_up)["webhook"] >= 20
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 1.0})
+    ids = submit(stack, 6, {"duration": 60, "hints": False, "steps": 1}, kind="video")
+    run(stack, ids, timeout=60)
+    check(stack, ids, scenario="late reads, every delivery lost", expected="completed")
+    assert found_by(stack, ids) == Counter({"chain": len(ids)})
+    jobs = stack.sim.stats()["jobs"]
+    assert [jobs[j]["status_reads"] for j in ids] == [0] * len(ids)  # found by the result route alone
+    assert all(1 <= jobs[j]["result_reads"] <= 2 for j in ids), [jobs[j]["result_reads"] for j in ids]

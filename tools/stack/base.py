@@ -4,8 +4,7 @@ A :class:`Stack` is the whole system on this machine - Redis, the Sume simulator
 template's functions - behind one API for the demo, the tests and the benchmarks, whatever runs the functions
 (:mod:`tools.stack.inprocess`, :mod:`tools.stack.deployed`). Its clock scale is one knob: the functions'
 ``TimeScale`` parameter and the simulator's ``time_scale``, so both sides agree on every duration, hint and budget
-window. Shared here: the terminal-event sink, the job table, queue reading, the totals of Powertools' EMF metric
-lines.
+window. Shared here: the terminal-event sink, the job table, queue reading, Powertools' EMF metric totals.
 """
 
 from __future__ import annotations
@@ -95,13 +94,11 @@ class EventSink:
 
 class JobTable(JobStore):
     """The jobs table, read consistently and decoded to plain Python (numbers as int/float): ``get`` and ``get_many``
-    (alias ``batch_get``) are the layer's own reads; ``scan`` leaves the per-profile statistics items (keys starting
-    with ``#``) out unless ``stats``."""
+    are the layer's own reads; ``scan`` leaves the per-profile statistics items (keys starting with ``#``) out unless
+    ``stats``."""
 
     def __init__(self, ddb: Any, name: str) -> None:
         super().__init__(name, 1, ddb=ddb)
-
-    batch_get = JobStore.get_many
 
     def scan(self, attributes: Iterable[str] | None = None, *, stats: bool = False) -> list[dict[str, Any]]:
         kwargs: dict[str, Any] = {"TableName": self.table, "ConsistentRead": True}
@@ -298,7 +295,7 @@ class Stack(ABC):
 
     def records(self, job_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
         """Every job record, or those of ``job_ids`` (the ones that exist)."""
-        return self.table.scan() if job_ids is None else list(self.table.batch_get(list(job_ids)).values())
+        return self.table.scan() if job_ids is None else list(self.table.get_many(list(job_ids)).values())
 
     def record(self, job_id: str) -> dict[str, Any] | None:
         return self.table.get(job_id)
@@ -321,7 +318,7 @@ class Stack(ABC):
     def settled(self, job_ids: Iterable[str]) -> bool:
         """Every one of ``job_ids`` is recorded terminal with its event published."""
         ids = list(job_ids)
-        found = self.table.batch_get(ids)
+        found = self.table.get_many(ids)
         return len(found) == len(set(ids)) and all(
             r.get("status") != "pending" and not r.get("event_pending") for r in found.values())
 

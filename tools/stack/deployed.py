@@ -15,8 +15,7 @@ Where ministack differs from AWS, and what is done about it here:
 * ``sam deploy`` splits ``--parameter-overrides`` on whitespace: every value is quoted.
 * It does not turn EMF lines into CloudWatch metrics: :meth:`metric_totals` reads the functions' log groups
   (:class:`LogGroupMetrics`).
-* It accepts SQS ``DelaySeconds`` over 900 (real SQS rejects them): tests of that limit use the in-process stack on
-  moto.
+* It accepts SQS ``DelaySeconds`` over 900 (real SQS rejects them): tests of that limit run in-process on moto.
 * It does not implement SQS StartMessageMoveTask (``make redrive``; see tools/ops.py).
 """
 
@@ -50,8 +49,7 @@ SAM = ROOT / ".venv-sam" / "bin" / "sam"
 UV = ROOT / ".venv-uv" / "bin" / "uv"
 UV_WRAPPER = ROOT / "scripts" / "uv.sh"  # uv with pip's index configuration
 ARTIFACT_BUCKET = "sume-poller-artifacts"
-BUILD_TIMEOUT_S = 600.0
-DEPLOY_TIMEOUT_S = 600.0
+BUILD_TIMEOUT_S = DEPLOY_TIMEOUT_S = 600.0
 QUIESCE_S = 20.0
 _TAIL = 4000
 

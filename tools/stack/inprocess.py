@@ -111,9 +111,7 @@ class InProcessStack(Stack):
                  fast_retry: bool = True, log_path: Path | None = None, moto: MotoServer | None = None,
                  keys: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         super().__init__(time_scale, parameters, sim_options, keys)
-        self._given_moto = moto
-        self._env = dict(env or {})
-        self.fast_retry = fast_retry
+        self._given_moto, self._env, self.fast_retry = moto, dict(env or {}), fast_retry
         self.log_path = log_path or SCRATCH / "logs" / f"{os.getpid()}-handlers.log"
         self.step_hook: Callable[[str, str], None] | None = None
         self._due: list[float] = []  # heap: monotonic times a message is expected to become visible
@@ -136,10 +134,8 @@ class InProcessStack(Stack):
         from tools.template import create_stack, load, translate
 
         self._start_services(stack)
-        if self._given_moto is None:
-            self.moto = stack.enter_context(MotoServer())
-        else:
-            self.moto = self._given_moto
+        self.moto = self._given_moto or stack.enter_context(MotoServer())
+        if self._given_moto is not None:
             self.moto.reset()
             stack.callback(self.moto.reset)
         client = aws_clients(self.moto.endpoint_url)

@@ -1,5 +1,4 @@
-"""The poll step: one SQS message of a job's chain, at most one Sume read (two: a status read that
-finds the job completed and its result ready is followed by the result read).
+"""The poll step: one SQS message of a job's chain, at most one Sume read (two: a status read, then the result).
 
 For each message (step ``n`` of chain ``T``)::
 
@@ -13,25 +12,21 @@ For each message (step ``n`` of chain ``T``)::
     past the deadline                           -> record timed_out
     not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
     no read slot now                            -> re-queue for the reserved slot (keeping the lease)
-    status phase: GET /jobs/{id}
+    status phase: GET /jobs/{id} (a late chain of a webhook kind probes /result instead: deliveries.py)
       running / transient fault / 404 in its grace window -> re-queue at the next read time (cadence.py)
       failed, canceled, expired                 -> record it
       completed, result_ready false             -> result phase: wait, reading the status (Sume's gate)
       completed (result ready, or no gate)      -> GET /jobs/{id}/result at once
       401, or 403 that the key check blames on the key -> pause every read key-wide
-      403 on this job only                      -> record failed
-      its key no longer configured              -> record failed (key_removed; wiring/poll.py's RemovedKey)
+      403 on this job only, or its key removed  -> record failed (key_removed: wiring/poll.py's RemovedKey)
     result phase: GET /jobs/{id}/result         -> record it with the result (inline, or streamed to S3)
       not there (404/409/425)                   -> a job only a list or webhook called finished: its status
                                                    read; else wait (result-phase backoff) until the deadline
     recording (outbox.py): the conditional write, once; its outbox; the lease released
 
-Only the job's own routes make it terminal: what a sweep's list or a webhook says is confirmed by a
-status read (failures) or by the result itself (completed jobs) before anything is recorded.
-
-Each step works on a :class:`~sume_poller.step.Run` (the chain so far, what holds the job, the
-reads it made) and returns an :class:`~sume_poller.step.Outcome`; the next message is handed back
-(``Outcome.send``), not sent, so the batch adapter sends a whole batch's re-queues together.
+Only the job's own routes (or a verified webhook's signed word) make it terminal. Each step works on a
+:class:`~sume_poller.step.Run` (the chain so far, what holds the job, its reads) and returns an
+:class:`~sume_poller.step.Outcome` whose next message (``send``) the batch adapter sends with the batch's.
 """
 
 from __future__ import annotations
@@ -142,7 +137,8 @@ class Poller:
         if chain.phase == RESULT_PHASE and (facts.get("status") != "completed" or facts.get("result_ready") is False):
             run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
             return self._read_status(run)
-        return self._fetch_result(run) if chain.phase == RESULT_PHASE else self._read_status(run)
+        probe = chain.phase == STATUS_PHASE and self.cadence.probes(chain, now)  # a late chain: the result route
+        return self._fetch_result(run) if chain.phase == RESULT_PHASE or probe else self._read_status(run)
 
     def _wait_for_slot(self, run: Run, grant: Any) -> Outcome:
         now = self.clock.now()
@@ -203,6 +199,9 @@ class Poller:
         self.gate.tell(reply.rate, now)
         run.read_result()
         if isinstance(reply, Result | ResultStream | Oversized):
+            if run.chain.phase == STATUS_PHASE:  # a late chain's probe found the result: the chain's own find
+                run.chain = run.chain.next(seen_terminal_at=now)
+                run.signals.extend(filter(None, [self.cadence.found(run.chain, now)]))
             try:
                 stored = self.store.keep_result(run.chain.job_id, reply, self.sume.result_max_bytes)
             except (StreamTimeout, *AwsError) as exc:
@@ -213,14 +212,16 @@ class Poller:
             return self._refused(run, reply)
         if reply.http_status in (404, 409, 425):  # not there (yet): Sume may say it with any of them
             return self._result_not_there(run, reply, now)
-        if isinstance(reply, Refused):
+        if isinstance(reply, Refused) and run.chain.phase == RESULT_PHASE:  # (a probe's: a status read next)
             return self._finish(run, "completed", {"code": reply.code or f"http_{reply.http_status}",
                                                    "message": reply.message or "Sume refused the result"})
-        return self._transient(run, reply)
+        return self._transient(run, reply if isinstance(reply, Retryable) else Retryable("probe_refused"))
 
     def _result_not_there(self, run: Run, reply: Retryable | Refused, now: float) -> Outcome:
         """A job only a list or webhook called completed goes back to a status read (once); else the
         result is late: the result route again, on the result-phase backoff, until the deadline."""
+        if run.chain.phase == STATUS_PHASE:  # a probe: not completed yet (or failed): the next late read
+            return self._requeue(run, name="probed", **self.cadence.late_read(run.chain, now))
         log = {"http_status": reply.http_status, "request_id": reply.request_id, "waits": run.chain.result_waits}
         if (run.chain.outcome or {}).get("source") in ("list", "webhook"):
             logger.info("no result for a job reported finished; its status decides", extra=log)
@@ -236,9 +237,8 @@ class Poller:
     def _transient(self, run: Run, reply: Retryable) -> Outcome:
         errors = run.chain.errors + 1
         delay = error_delay(errors, reply.retry_after, self.cadence.rng)
-        logger.warning("transient Sume fault; re-queued", extra={
-            "reason": reply.reason, "http_status": reply.http_status, "request_id": reply.request_id,
-            "delay": round(delay, 1), "errors": errors})
+        logger.warning("transient Sume fault; re-queued", extra={"reason": reply.reason, "errors": errors,
+                       "http_status": reply.http_status, "request_id": reply.request_id, "delay": round(delay, 1)})
         return self._requeue(run, due=self.clock.now() + delay, name="transient", errors=errors,
                              signal="SumeThrottled" if reply.http_status == 429 else None)
 

@@ -351,16 +351,7 @@ class JobStore:
 
     def count(self, shard: str) -> int:
         """How many records one partition of the index holds (Select COUNT: no items read)."""
-        kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending", "Select": "COUNT",
-                                  "KeyConditionExpression": "pending_shard = :p",
-                                  "ExpressionAttributeValues": to_attrs({":p": shard})}
-        total = 0
-        while True:
-            reply = self._ddb.query(**kwargs)
-            total += int(reply.get("Count", 0))
-            if not reply.get("LastEvaluatedKey"):
-                return total
-            kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
+        return self._count("pending_shard = :p", {":p": shard})
 
     def pending_page(self, shard: str, start_key: dict[str, Any] | None,
                      limit: int = 100) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -438,9 +429,12 @@ class JobStore:
         """How many of a key's queued submissions arrived before ``item_id`` (Select COUNT)."""
         from .createqueue import queue_shard
 
+        return self._count("pending_shard = :p AND job_id < :i", {":p": queue_shard(key_id), ":i": item_id})
+
+    def _count(self, condition: str, values: dict[str, Any]) -> int:
+        """Items of the pending index that meet ``condition``, every page counted (Select COUNT: no items read)."""
         kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending", "Select": "COUNT",
-                                  "KeyConditionExpression": "pending_shard = :p AND job_id < :i",
-                                  "ExpressionAttributeValues": to_attrs({":p": queue_shard(key_id), ":i": item_id})}
+                                  "KeyConditionExpression": condition, "ExpressionAttributeValues": to_attrs(values)}
         total = 0
         while True:
             reply = self._ddb.query(**kwargs)

@@ -9,7 +9,9 @@ like a per-job read: it hands the job's waiting chain over (:meth:`LeaseStore.ha
 due now that, for ``*.ready``, reads the result at once (one read - should the result route say it
 has none, the job goes back to a status read, once), and for ``*.failed`` records the failure the
 body carries without a read. Any other event type gets a status read. Deliveries can repeat and
-can be lost: polling stays the safety net, on the safety cadence, for the lost ones.
+can be lost: polling stays the safety net for the lost ones. Each verified ``*.ready``/``*.failed``
+delivery for a job of ours also records the job's age for its kind (:mod:`sume_poller.deliveries`):
+chains of a kind whose deliveries arrive read late, after the job is likely done and delivered.
 
 With several Sume keys, each key's integration has its own signing secret: the delivery is
 checked against each (in constant time) and the one that verifies names the key; a job of another
@@ -35,6 +37,7 @@ from typing import Any
 
 from .clock import Clock
 from .coverage import CoverageStore
+from .deliveries import DeliveryStore
 from .jobs import InvalidJobId, canonical_terminal_status, validate_job_id
 from .keys import record_key
 from .lease import LeaseStore, new_token
@@ -108,8 +111,7 @@ class WebhookReceiver:
             job_id = validate_job_id((payload.get("data") or {}).get("job_id"))
         except (ValueError, AttributeError, InvalidJobId) as exc:
             return Answer(400, {"error": f"malformed event: {str(exc)[:100]}"})
-        if self.coverage is not None:  # deliveries arrive: chains of webhook kinds may stretch
-            coverage = self.coverage if isinstance(self.coverage, CoverageStore) else self.coverage(key)
+        if (coverage := self._coverage(key)) is not None:  # deliveries arrive: chains of webhook kinds read late
             with contextlib.suppress(*RedisFailure):
                 coverage.webhook_arrived(self.clock.now())
         seen = self._seen_key(key, event_id)
@@ -119,6 +121,21 @@ class WebhookReceiver:
         self._remember(seen)
         logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
         return Answer(202, {"job_id": job_id, "queued": queued})
+
+    def _coverage(self, key: str) -> CoverageStore | None:
+        if self.coverage is None:
+            return None
+        return self.coverage if isinstance(self.coverage, CoverageStore) else self.coverage(key)
+
+    def _delivered(self, record: dict[str, Any], key: str) -> None:
+        """A verified delivery's job age, for its kind's late plan (a Redis failure: only logged)."""
+        coverage, submitted = self._coverage(key), record.get("submitted_at")
+        if coverage is None or getattr(coverage, "client", None) is None or not isinstance(submitted, int | float):
+            return
+        try:
+            DeliveryStore(coverage.client, coverage.prefix).delivered(str(record["kind"]), self.clock.now() - submitted)
+        except RedisFailure as exc:
+            logger.warning("webhook delivery age not kept", extra=describe(exc))
 
     def _signer(self, stamp: str, raw: bytes, signed: str) -> str | None:
         """The key whose secret signed the delivery (every key is checked: no early exit)."""
@@ -147,12 +164,16 @@ class WebhookReceiver:
     def _hand_over(self, job_id: str, event_type: str, data: dict[str, Any], key: str) -> bool:
         """Hand the job's waiting chain over to a step due now that acts on what Sume said."""
         record = self.store.get(job_id)
-        if record is None or record.get("status") != "pending":
-            return False  # not ours, or already finished: nothing to do (no read, no second event)
+        if record is None:
+            return False  # not ours
         if record_key(record, self.default_key) != key:
             logger.warning("a delivery signed by one key for a job of another; left alone",
                            extra={"job_id": job_id, "signed_by": key, "job_key": record_key(record, self.default_key)})
             return False
+        if event_type.endswith((".ready", ".failed")):
+            self._delivered(record, key)
+        if record.get("status") != "pending":
+            return False  # already finished: nothing to do (no read, no second event)
         now = self.clock.now()
         held = self.lease.hand_over(job_id, new_token(), self.handover_ttl_ms, now=now, scale=self.clock.scale,
                                     margin_ms=self.margin_ms)
