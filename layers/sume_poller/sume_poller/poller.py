@@ -201,7 +201,7 @@ class Poller:
         if isinstance(reply, Result | ResultStream | Oversized):
             if run.chain.phase == STATUS_PHASE:  # a late chain's probe found the result: the chain's own find
                 run.chain = run.chain.next(seen_terminal_at=now)
-                run.signals.extend(filter(None, [self.cadence.found(run.chain, now)]))
+                run.signals.extend(filter(None, [self.cadence.found(run.chain, now, "completed")]))
             try:
                 stored = self.store.keep_result(run.chain.job_id, reply, self.sume.result_max_bytes)
             except (StreamTimeout, *AwsError) as exc:
