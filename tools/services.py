@@ -128,9 +128,9 @@ class RedisServer(Service):
         config.write_text(users, encoding="utf-8")
         config.chmod(0o600)
         port = port or free_port()
-        if cluster:  # a node of a RedisCluster; its bus port set too: port + 10000 may be taken or above 65535
+        if cluster:  # a cluster node; its bus port set too (port + 10000 may be taken or over 65535), never its port
             extra = ["--cluster-enabled", "yes", "--cluster-config-file", f"{self._dir.name}/nodes-{port}.conf",
-                     "--cluster-port", str(free_port()), *(extra or [])]
+                     "--cluster-port", str(next(p for p in iter(free_port, None) if p != port)), *(extra or [])]
         super().__init__([_binary("redis-server"), str(config), "--port", str(port), "--bind", "127.0.0.1",
                           "--save", "", "--appendonly", "no", "--daemonize", "no", *(extra or [])],
                          port, ready_timeout, cwd=self._dir.name)
