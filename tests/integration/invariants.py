@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sume_poller.messages import MessageError, parse_message
+from sume_poller.core.messages import MessageError, parse_message
 
 FIGURES: list[dict[str, Any]] = []
 FIGURES_PATH = Path(__file__).resolve().parents[2] / ".scratch" / "fault-figures.md"

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from sume_poller import settings
+from sume_poller.config import settings
 from tools.template import Created, load, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
