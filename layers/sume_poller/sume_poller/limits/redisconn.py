@@ -179,7 +179,8 @@ def check(client: Any, mode: str, probe: Callable[[], None]) -> None:
     except RedisFailure as exc:
         if failure(exc) == MISCONFIGURED:
             raise RedisMisconfigured(f"Redis refused a command this function needs ({type(exc).__name__}: "
-                                     f"{str(exc)[:300]}); see README 'Redis': the ACL rule and RedisMode") from exc
+                                     f"{str(exc)[:300]}); see docs/deploy.md, 'The Redis user': the ACL rule and "
+                                     "RedisMode") from exc
         raise
 
 
