@@ -261,7 +261,7 @@ class _MemoryStore:
         self.records: dict[str, dict[str, Any]] = {}
         self.pending = 0
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int) -> None:

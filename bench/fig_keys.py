@@ -168,7 +168,7 @@ class KeyedStore:
             self._move(job_id, record.pop("pending_shard", None), None)
             return True
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_observation(self, *args: Any, **kwargs: Any) -> None:
