@@ -9,7 +9,7 @@ import json
 import boto3
 import pytest
 
-from sume_poller.keys import KeyRing
+from sume_poller.config.keys import KeyRing
 from tools.ops import OpsError, migrate_keys, plan_migration, redrive_events
 
 pytestmark = pytest.mark.integration
@@ -87,3 +87,21 @@ def test_format_1_secrets_move_out_of_the_key_list_in_two_steps_each_safe_to_rep
 def test_a_list_that_is_not_a_key_configuration_is_refused_not_rewritten() -> None:
     with pytest.raises(OpsError, match="nothing to migrate"):
         plan_migration({"acme": {}}, "sume/keys", lambda source, ref: "", finish=True)
+
+
+def test_a_key_list_that_does_not_exist_yet_fails_loudly_saying_what_to_do(aws: str,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """SumeKeysSecretName set before its secret exists: no function serves the default key alone
+    (every other key's jobs would be recorded key_removed); each call fails, counted KeyConfigInvalid."""
+    from sume_poller.config.keys import KeyConfigError, Limits
+    from sume_poller.config.settings import KeySettings
+    from sume_poller.wiring.shared import key_ring
+
+    ring = key_ring(KeySettings(default_id="main", config_secret="sume/not-yet"), Limits(), default=False)
+    with pytest.raises(KeyConfigError, match='sume/not-yet does not exist: create that Secrets Manager secret'):
+        ring.first()
+    assert '"KeyConfigInvalid"' in capsys.readouterr().out
+    boto3.client("secretsmanager").create_secret(Name="sume/not-yet", SecretString='{"keys": {}}')
+    ring.invalidate()
+    with pytest.raises(KeyConfigError, match="no Sume key"):  # read now: an empty list, no default key here
+        ring.first()

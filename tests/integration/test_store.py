@@ -8,7 +8,7 @@ import json
 import boto3
 import pytest
 
-from sume_poller.store import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
+from sume_poller.store.records import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
 from tools.template import Provisioned
 
 pytestmark = pytest.mark.integration
@@ -121,7 +121,7 @@ def test_a_finished_record_expires_only_once_its_event_is_out_and_only_with_a_re
     """RetentionDays: the TTL is set where the outbox is cleared (a record still owing its event
     never expires), in real epoch seconds (tests/unit/test_template_account.py ties EXPIRES_AT to the
     template's TimeToLiveSpecification: moto's CloudFormation does not apply it)."""
-    from sume_poller.store import DAY_SECONDS, EXPIRES_AT
+    from sume_poller.store.records import DAY_SECONDS, EXPIRES_AT
 
     wall = 1_790_000_000.0  # the functions' clock may run elsewhere (TimeScale): DynamoDB compares real time
     kept = JobStore("jobs", 4, retention_days=30, wall=lambda: wall)

@@ -34,9 +34,9 @@ from unit.test_template_real_account import (
     violations,
 )
 
-from sume_poller import settings
-from sume_poller.keys import API_KEYS, WEBHOOK_SECRETS
-from sume_poller.store import EXPIRES_AT, UPLOAD_STREAMS
+from sume_poller.config import settings
+from sume_poller.config.keys import API_KEYS, WEBHOOK_SECRETS
+from sume_poller.store.records import EXPIRES_AT, UPLOAD_STREAMS
 from tools.template import resolve
 
 ACCOUNT, REGION = "123456789012", "us-east-1"  # moto's

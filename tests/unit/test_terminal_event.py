@@ -3,7 +3,7 @@ each finished job to its customer from the event alone (records from before keys
 
 from __future__ import annotations
 
-from sume_poller.events import terminal_event
+from sume_poller.store.events import terminal_event
 
 
 def test_the_terminal_event_names_the_jobs_key() -> None:
@@ -22,7 +22,7 @@ def test_the_terminal_event_names_the_callers_idempotency_key_in_version_2() -> 
     """A caller answered "queued" has no job id to match the event on: the event carries the
     submission's idempotency key (each job of a multi-job create the same one). Version 2 only adds
     the field, so a consumer of version 1 reads it unchanged."""
-    from sume_poller.events import EVENT_VERSION
+    from sume_poller.store.events import EVENT_VERSION
 
     record = {"kind": "face_swap", "status": "completed", "key": "acme", "idempotency_key": "order-7", "reads": 1}
     first, second = terminal_event("job_1", record), terminal_event("job_2", record)

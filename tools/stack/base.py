@@ -21,9 +21,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Self, cast
 
-from sume_poller.clock import Clock
-from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
-from sume_poller.store import JobStore, from_item, to_attrs
+from sume_poller.core.clock import Clock
+from sume_poller.store.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
+from sume_poller.store.records import JobStore, from_item, to_attrs
 from tools.template import REGION, ROOT
 
 SCRATCH = ROOT / ".scratch" / "stack"
@@ -223,7 +223,7 @@ class Stack(ABC):
         """The key configuration (keys.py's format 2) of ``.keys``: limits, and where each key's API key and
         webhook secret live (:meth:`key_secrets`); ``inline``: format 1, the secrets in the list itself (a
         deployed configuration from before the split, which the functions still read)."""
-        from sume_poller.keys import API_KEYS, WEBHOOK_SECRETS
+        from sume_poller.config.keys import API_KEYS, WEBHOOK_SECRETS
 
         entries: dict[str, Any] = {}
         for key_id, api_key in self.keys.items():
@@ -239,7 +239,7 @@ class Stack(ABC):
 
     def key_secrets(self) -> dict[str, str]:
         """Secret name -> value of every key's API key and webhook secret, where format 2 names them."""
-        from sume_poller.keys import API_KEYS, WEBHOOK_SECRETS
+        from sume_poller.config.keys import API_KEYS, WEBHOOK_SECRETS
 
         secrets = {f"{KEY_CONFIG}/{API_KEYS}/{key_id}": api_key for key_id, api_key in self.keys.items()}
         return {**secrets, **{f"{KEY_CONFIG}/{WEBHOOK_SECRETS}/{key_id}": hook for key_id in self.keys
