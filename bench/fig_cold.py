@@ -100,8 +100,8 @@ sys.path[:0] = {paths!r}
 
 
 def missing_bytecode(python_dir: Path) -> list[Path]:
-    """The ``.py`` files under ``python_dir`` without Python 3.13's ``.pyc`` beside them (tools.bytecode checks
-    that those there are valid and load)."""
+    """The ``.py`` files under ``python_dir`` without Python 3.13's ``.pyc`` beside them (the quick look;
+    ``tools.bytecode`` checks that those there are the sources' and load)."""
     return [py for py in python_dir.rglob("*.py") if not (py.parent / "__pycache__" / f"{py.stem}.{TAG}.pyc").is_file()]
 
 
@@ -129,6 +129,16 @@ def built() -> tuple[Path, str]:
     if not _sources_match(target):
         raise RuntimeError(f"sam build in {target} does not hold the current sources and their Python 3.13 bytecode")
     return target, f"{target.relative_to(ROOT)} (sam build now: .aws-sam/build was stale)"
+
+
+def shipped(build: Path) -> Path:
+    """The built layer's ``python/`` dir, once tools.bytecode found that Python 3.13 loads it from its bytecode."""
+    from tools.bytecode import problems
+
+    layer = build / "SharedLayer" / "python"
+    if found := problems(layer, PYTHON313):
+        raise RuntimeError(f"the built layer does not load from its bytecode: {'; '.join(found[:5])}")
+    return layer
 
 
 @dataclass
@@ -267,6 +277,7 @@ def _ms(seconds: float) -> str:
 
 def measure(runs: int = 7) -> list[Row]:
     build, where = built()
+    layer_python = shipped(build)
     launches = _launches(build)
     order = [launches[FLOOR_NAME], *(launches[name] for name in FUNCTIONS)]
     t = _rounds(order, runs)
@@ -284,7 +295,6 @@ def measure(runs: int = 7) -> list[Row]:
     first.notes.append(f"each ratio = median of {runs} per-round ratios (a round: the floor and the six functions, "
                        f"one fresh Python 3.13 each, the order rotating); medians: floor {_ms(floor.cpu)} CPU, "
                        + ", ".join(f"{n} {_ms(t[n].cpu)}" for n in FUNCTIONS))
-    layer_python = Path(launches["poll"].paths[1])
     versions = subprocess.run([_python(), "-I", "-c", "import boto3, botocore, sys; print(sys.version.split()[0], "
                                "boto3.__version__, botocore.__version__)"], capture_output=True, text=True,
                               check=True).stdout.split()
