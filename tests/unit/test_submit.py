@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume, retry
 
-from sume_poller.config.settings import SubmitSettings
 from sume_poller.core.messages import parse_message
 from sume_poller.creates.submit import (
     CreateBudgetExhausted,
     SubmitRetryable,
+    SubmitSettings,
     Submitter,
     derive_idempotency_key,
     one_key,

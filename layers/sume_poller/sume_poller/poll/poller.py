@@ -31,9 +31,17 @@ Only the job's own routes (or a verified webhook's signed word) make it terminal
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from ..config.settings import PollSettings
+from ..config.settings import (
+    RESULT_MAX_MEGABYTES_MAX,
+    DiscoverySettings,
+    Env,
+    ScheduleSettings,
+    SumeReaderSettings,
+    setting,
+)
 from ..core.aws import AwsError
 from ..core.clock import Clock
 from ..core.jobs import PENDING, error_delay, result_wait_delay
@@ -51,6 +59,26 @@ from .keycheck import KEY_PAUSE, KeyCheck
 from .outbox import Finisher, StepHook
 from .results import keep_result
 from .step import AFTER_READ_REAL, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PollSettings(SumeReaderSettings):
+    """The poll function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "poll function"
+    event_bus_name: str = setting("EVENT_BUS_NAME", "default")
+    result_bucket: str = setting("RESULT_BUCKET")
+    #: A result larger than this is recorded completed with ``result_too_large``, never stored.
+    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, RESULT_MAX_MEGABYTES_MAX)
+    schedule: ScheduleSettings
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+
+    def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
+        timeout = self.sume.connect_timeout_real + self.sume.read_timeout_real
+        env.check(self.lease.claim_ttl > timeout,
+                  f"CLAIM_TTL_SECONDS must outlast one Sume request ({timeout:g} s of connect + read timeout)")
 
 
 class Poller:
