@@ -188,6 +188,8 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Common:
+    """What every function reads: the job table, the (compressible) clock, whether endpoints may be local."""
+
     jobs_table: str
     clock: Clock
     #: Set only for local emulators: allows http:// Sume and a loopback Redis.
@@ -207,6 +209,8 @@ class Common:
 
 @dataclass(frozen=True, slots=True)
 class SumeSettings(Group):
+    """Sume's base URL, where the default key's API key is kept, and the socket timeouts (real seconds)."""
+
     base_url: str
     api_key_name: str
     api_key_source: str  # "ssm" | "secretsmanager"
@@ -245,6 +249,8 @@ class KeySettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class RedisSettings(Group):
+    """The Redis endpoint, its mode, its credentials' secret, the key prefix and the socket timeout."""
+
     url: str
     mode: str  # "standalone" | "cluster"
     #: Secrets Manager secret with {"username": ..., "password": ...} (ElastiCache RBAC); optional.
@@ -305,6 +311,8 @@ class BudgetSettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class JobSettings(Group):
+    """How long a job may stay pending, how long a 404 is read-after-create lag, the pending shards."""
+
     #: A job still not terminal this long after submission is recorded timed_out.
     max_age: int = setting("JOB_MAX_AGE_SECONDS", 86_400, 60, 366 * 86_400)
     #: A 404 this soon after submission is read-after-create lag (retried), later it is final.
@@ -314,6 +322,8 @@ class JobSettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSettings(Group):
+    """The read schedule: learned once a kind has enough observations, within these bounds."""
+
     #: Use the learned schedule once a kind has enough observations.
     learned: bool = setting("LEARNED_SCHEDULE", True)
     min_interval: float = setting("MIN_POLL_INTERVAL", 2.0, 0.1, 3_600)

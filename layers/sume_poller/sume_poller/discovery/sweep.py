@@ -104,6 +104,8 @@ ROUTE_RETRY = 3_600.0
 
 @dataclass
 class SweepReport:
+    """What one sweep tick did: whether it ran (or why not), its reads, what it listed and handed over."""
+
     ran: bool = False
     why_not: str | None = None
     reads: int = 0
@@ -153,6 +155,8 @@ LANE_OPEN = 2 * 86_400.0
 
 @dataclass(frozen=True, slots=True)
 class SweepSettings:
+    """What a sweep reads of its function's settings."""
+
     period: float  # clock seconds between schedule ticks
     max_pages: int = 20
     lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)

@@ -75,6 +75,8 @@ MAX_BODY = 64_000
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """The webhook function's reply: an HTTP status and its JSON body."""
+
     status: int
     body: dict[str, Any]
 

@@ -46,6 +46,8 @@ return {c, g[1], g[2], g[3], g[4], g[5]}
 
 @dataclass(frozen=True, slots=True)
 class Passage:
+    """What the gate gave a message: its lease claim and its read slot."""
+
     #: None: Redis could not be asked (``failure`` says why); the caller polls without the lease.
     claim: Claim | None
     #: None when no slot was asked for (the message only hops) or the budget is unlimited.

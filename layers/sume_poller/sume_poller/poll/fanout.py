@@ -69,6 +69,8 @@ OUTBOX_BACKOFF_MAX = 3_600.0
 
 @dataclass
 class FanOutReport:
+    """What one fan-out tick did: pages read, chains started, outbox messages sent or backing off."""
+
     pages: int = 0
     outbox_sent: int = 0
     outbox_backing_off: int = 0

@@ -49,6 +49,8 @@ _NO_RATE = RateInfo()
 
 @dataclass(frozen=True, slots=True)
 class Pending:
+    """The job is not terminal yet: its status and Sume's hint for the next read."""
+
     status: str
     next_poll_after: float | None = None
     unknown_status: bool = False
@@ -58,6 +60,8 @@ class Pending:
 
 @dataclass(frozen=True, slots=True)
 class Terminal:
+    """The job is terminal: its canonical status, Sume's own word, whether its result is ready."""
+
     status: str  # canonical: completed | failed | canceled | expired
     sume_status: str
     result_ready: bool
@@ -72,6 +76,8 @@ class Terminal:
 
 @dataclass(frozen=True, slots=True)
 class Result:
+    """A terminal job's result, read inline."""
+
     payload: Any = field(repr=False)
     request_id: str | None = None
     rate: RateInfo = _NO_RATE
@@ -147,6 +153,8 @@ class Oversized:
 
 @dataclass(frozen=True, slots=True)
 class Listing:
+    """One page of Sume's list route: its jobs and the cursor to the next page."""
+
     items: tuple[dict[str, Any], ...]
     #: The reply's cursor field, when it has one (None: last page, or no cursor field at all).
     next_cursor: str | None
@@ -156,6 +164,8 @@ class Listing:
 
 @dataclass(frozen=True, slots=True)
 class Retryable:
+    """A transient failure (throttled, 5xx, transport): read again, after ``retry_after`` if given."""
+
     reason: str
     retry_after: float | None = None
     http_status: int | None = None
@@ -165,6 +175,8 @@ class Retryable:
 
 @dataclass(frozen=True, slots=True)
 class Refused:
+    """Sume refused the request for good (the key, forbidden, not found, credits, a bad request)."""
+
     why: str  # "key" | "forbidden" | "not_found" | "credits" | "request"
     http_status: int
     code: str | None = None
@@ -175,6 +187,8 @@ class Refused:
 
 @dataclass(frozen=True, slots=True)
 class Created:
+    """Sume created the job (or replayed the original one for a repeated Idempotency-Key)."""
+
     job_ids: tuple[str, ...]
     request_id: str | None = None
     #: Sume answered a repeated Idempotency-Key with the original job (nothing new was billed).
@@ -314,6 +328,8 @@ def extract_job_ids(body: Any) -> tuple[str, ...]:
 
 @dataclass(frozen=True, slots=True)
 class _Reply:
+    """One HTTP reply as the client got it (status None: no reply at all)."""
+
     status: int | None  # None: no reply (transport failure)
     body: Any
     headers: Mapping[str, str]
