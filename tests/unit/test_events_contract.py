@@ -43,7 +43,7 @@ from sume_poller.creates.createqueue import DrainMessage
 from sume_poller.creates.submit import SubmitSettings, Submitter, one_key
 from sume_poller.discovery.webhook import WebhookReceiver, raw_body, signature
 from sume_poller.schedule.planner import profile_key
-from sume_poller.sume.client import Created
+from sume_poller.sume.created import Created
 from tools.template import load as load_template
 
 ROOT = Path(__file__).resolve().parents[2]

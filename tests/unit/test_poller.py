@@ -37,7 +37,8 @@ from sume_poller.poll.outbox import completion_interval
 from sume_poller.poll.poller import Poller, PollSettings
 from sume_poller.poll.step import PACED_HOP, Deadline, Outcome
 from sume_poller.schedule.durations import LogNormal
-from sume_poller.sume.client import Listing, Oversized, Result
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}

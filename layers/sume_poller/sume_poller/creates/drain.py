@@ -43,7 +43,8 @@ from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
 from ..store.submissions import CREATED, QUEUED, REJECTED
-from ..sume.client import Created, Refused
+from ..sume.client import Refused
+from ..sume.created import Created
 from .createqueue import EXPIRED, KEY_REMOVED, DrainMessage, DrainMessageError, drain_lease
 from .submit import KEY_REFUSALS, SubmitKey, SubmitSettings, Submitter
 

@@ -61,7 +61,8 @@ from ..schedule.planner import Bounds, next_delay, profile_key
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
 from ..store.submissions import CREATED, QUEUED, REJECTED, queue_item, queued_record, settled_record
-from ..sume.client import Created, Refused, Retryable, SumeClient
+from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.created import Created
 from .createqueue import DrainMessage, drain_lease, estimate_create_at
 
 

@@ -74,7 +74,8 @@ from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe, failure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
-from ..sume.client import Listing, Refused, SumeClient
+from ..sume.client import Refused, SumeClient
+from ..sume.listing import Listing
 from .coverage import CoverageStore
 
 

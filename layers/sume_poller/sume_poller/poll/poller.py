@@ -52,7 +52,8 @@ from ..limits.lease import Claim, Step, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
-from ..sume.client import Oversized, Pending, Refused, Result, ResultStream, Retryable, StreamTimeout, SumeClient
+from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
 from .keycheck import KEY_PAUSE, KeyCheck
