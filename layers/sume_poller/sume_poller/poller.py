@@ -22,7 +22,7 @@ For each message (step ``n`` of chain ``T``)::
     result phase: GET /jobs/{id}/result         -> record it with the result (inline, or streamed to S3)
       not there (404/409/425)                   -> a job only a list or webhook called finished: its status
                                                    read; else wait (result-phase backoff) until the deadline
-    recording (outbox.py): the conditional write, once; its outbox; the lease released
+    recording (outbox.py): the conditional write, once, with the publish claim; its outbox; the lease released
 
 Only the job's own routes (or a verified webhook's signed word) make it terminal. Each step works on a
 :class:`~sume_poller.step.Run` (the chain so far, what holds the job, its reads) and returns an
@@ -44,7 +44,7 @@ from .keycheck import KEY_PAUSE, KeyCheck
 from .lease import Claim, Step, new_nonce, new_token
 from .messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, PollMessage
 from .observability import logger
-from .outbox import Finisher, StepHook
+from .outbox import Finished, Finisher, StepHook
 from .queue import Outgoing, PollQueue
 from .settings import PollSettings
 from .step import AFTER_READ_REAL, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
@@ -60,7 +60,8 @@ class Poller:
         self.gate, self.sume, self.store, self.queue, self.cadence = gate, sume, store, queue, cadence
         #: Test seam: called after each named step; the fault suite raises from it to crash there.
         self.step_hook: StepHook | None = None
-        self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook)
+        self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook,
+                                 claim_ttl_real=settings.lease.claim_ttl)
         self.keys = KeyCheck(sume, self.clock, gate)
 
     def _step(self, name: str, job_id: str) -> None:
@@ -72,8 +73,9 @@ class Poller:
         if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             # Not enough of the invocation left to finish a step: the same message goes back.
             return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
-        if msg.phase == OUTBOX_PHASE:  # fan-out's: the record says what is left; no lease, no read
-            return Outcome(self.finisher.settle(msg.job_id, self.store.get(msg.job_id), NoHold()))
+        if msg.phase == OUTBOX_PHASE:  # fan-out's: take the outbox's publish claim; no lease, no read
+            done = self.finisher.settle_outbox(msg.job_id, NoHold())
+            return Outcome(done.name, signals=done.signals)
         now = self.clock.now()
         msg = self.cadence.adjust(msg, now)
         p = plan(msg, now, clock=self.clock, max_delay=self.queue.max_delay, margin_real=self.s.lease.margin,
@@ -96,7 +98,7 @@ class Poller:
         if passage.claim is Claim.FRESH:  # the lease was free: does the job still need a read?
             record = self.store.get(msg.job_id)
             if record is None or record.get("status") != PENDING:
-                return run.outcome(self.finisher.settle(msg.job_id, record, run.hold))
+                return self._ended(run, self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
             if p.mode != "none":
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
@@ -113,7 +115,7 @@ class Poller:
             fence = self.store.fence(msg.job_id, run.chain.token or "", run.chain.seq, now=now,
                                      hold=self.clock.from_real(self.s.lease.claim_ttl))
             if not fence.won:
-                return run.outcome(self.finisher.settle(msg.job_id, fence.record, run.hold, duplicate=True))
+                return self._ended(run, self.finisher.settle(msg.job_id, fence.record, run.hold, duplicate=True))
             wait = run.chain.paced_at - now if run.chain.paced_at is not None else self.gate.pace()
             if wait > self.gate.budget.early:
                 return self._requeue(run, due=now, name="budget_wait", paced_at=round(now + wait, 3))
@@ -277,8 +279,13 @@ class Poller:
         chain = run.chain
         ending = Ending(status, (chain.outcome or {}).get("sume_status"), error, result or {}, chain.reads,
                         chain.result_reads, chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain")
-        name = self.finisher.record(chain.job_id, ending, run.hold)
-        return run.outcome(name, status=status if name == "terminal" else None)
+        done = self.finisher.record(chain.job_id, ending, run.hold)
+        return self._ended(run, done, status=status if done.name == "terminal" else None)
+
+    @staticmethod
+    def _ended(run: Run, done: Finished, **fields: Any) -> Outcome:
+        run.signals.extend(done.signals)
+        return run.outcome(done.name, **fields)
 
     def _requeue(self, run: Run, *, due: float, name: str, signal: str | None = None, **changes: Any) -> Outcome:
         """Rest the hold until the next step is due (never past the deadline); hand that step back."""
