@@ -94,8 +94,9 @@ def classify_status(status: object) -> State:
 def canonical_terminal_status(status: object, succeeded: bool | None = None) -> str:
     """The status recorded for a terminal Sume status (``completed``/``failed``/``canceled``/``expired``).
 
-    A status Sume marks terminal but that this project does not know is recorded as ``completed``
-    when the reply says a result is ready, else ``failed``; the raw status is kept beside it.
+    A status this project does not know is never terminal on a job read (:func:`sume_poller.sume.interpret_status`);
+    where something else names one terminal (a verified webhook's ``*.failed`` event), it is ``completed`` when
+    ``succeeded`` says so, else ``failed``.
     """
     s = status.strip().lower() if isinstance(status, str) else ""
     if s in _SUCCESS:

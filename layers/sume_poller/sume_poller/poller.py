@@ -166,8 +166,8 @@ class Poller:
         self.keys.read_fine(run.chain.job_id)
         if isinstance(reply, Pending):
             if reply.unknown_status:
-                logger.warning("unknown Sume status; treating it as not terminal",
-                               extra={"sume_status": reply.status, "request_id": reply.request_id})
+                logger.error("unknown Sume status; not terminal: the job is read on (its deadline caps it)",
+                             extra={"sume_status": reply.status, "request_id": reply.request_id})
                 run.signal("UnknownStatus")
             due, normal = self.cadence.next_read(run.chain, now, reply.next_poll_after)
             return self._requeue(run, due=due, name="stretched" if normal else "requeued", errors=0,
