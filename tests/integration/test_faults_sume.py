@@ -54,6 +54,30 @@ def test_a_job_of_another_workspace_fails_alone(stack: InProcessStack) -> None:
     assert stack.metric_totals()["KeyPaused"] == 0 and stack.metric_totals()["SumeAuthFailed"] == 0
 
 
+def test_a_key_check_without_an_answer_records_nothing_and_keeps_nothing(stack: InProcessStack) -> None:
+    """The key check's list read answers 503, 429, then nothing in time (the simulator's list faults):
+    no evidence either way, so no foreign-workspace job is recorded before the list answered (before:
+    such a read meant "the key is fine", the job was failed and the verdict kept for a minute)."""
+    stack.sim.configure(list={"faults": ["503", "429:1", "slow:1500", "503"]})
+    early: list[str] = []
+
+    def no_outcome_before_an_answer(name: str, job_id: str) -> None:
+        if name == "written" and job_id in foreign and stack.sim.stats()["list_faults_remaining"]:
+            early.append(job_id)
+
+    foreign: list[str] = []
+    stack.step_hook = no_outcome_before_an_answer
+    foreign += submit(stack, 4, {"duration": 200, "forbidden": True})
+    healthy = submit(stack, 4, {"duration": 200, "steps": 2})
+    run(stack, healthy + foreign, timeout=90)
+    assert early == [], f"recorded before the key check had an answer: {early}"
+    assert stack.sim.stats()["list_faults_remaining"] == []
+    check(stack, foreign, scenario="foreign-workspace jobs while the key check gets no answer", expected="failed",
+          allowance=4)
+    check(stack, healthy, scenario="healthy jobs beside them", expected="completed")
+    assert stack.metric_totals()["SumeAuthFailed"] == 0
+
+
 def test_a_rejected_key_pauses_every_read_then_rotation_resumes(stack: InProcessStack) -> None:
     ids = submit(stack, 10, {"duration": 600, "steps": 4})
     stack.drive(lambda: status_reads(stack, ids) >= 10, 30)
