@@ -285,7 +285,8 @@ class FakeStore:
                       error=outcome.error, status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       reads=outcome.status_reads + outcome.result_reads, seen_running_at=outcome.seen_running_at,
                       seen_terminal_at=outcome.seen_terminal_at, found_by=outcome.found_by,
-                      pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX), **outcome.result)
+                      evidence=str(outcome.evidence), pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX),
+                      **outcome.result)
         if claim is not None:
             record.update(event_claim=claim.token, chain_due_at=claim.until)
         return TerminalWrite(True, dict(record))

@@ -24,6 +24,7 @@ from sume_poller.aws import reset_session
 from sume_poller.clock import Clock
 from sume_poller.events import EventBus, PublishUnknown
 from sume_poller.holds import NoHold
+from sume_poller.jobs import Evidence
 from sume_poller.lease import new_token
 from sume_poller.messages import PollMessage
 from sume_poller.outbox import Finisher
@@ -48,9 +49,10 @@ def store(template_resources: Provisioned) -> JobStore:
 def test_the_publish_claim_is_taken_by_the_terminal_write_and_then_only_once_it_expired_or_was_freed(
         store: JobStore) -> None:
     store.put_pending("job_c", "image", now=NOW, deadline_at=int(NOW) + 600, chain_due_at=NOW + 5)
-    won = store.record_terminal("job_c", Ending("failed"), now=NOW, claim=PublishClaim("a" * 32, NOW + 60))
+    won = store.record_terminal("job_c", Ending("failed", evidence=Evidence.STATUS), now=NOW,
+                                claim=PublishClaim("a" * 32, NOW + 60))
     assert won.won and won.record is not None and (won.record["event_claim"], won.record["chain_due_at"]) == (
-        "a" * 32, NOW + 60)
+        "a" * 32, NOW + 60) and won.record["evidence"] == "status_read"
     held = store.claim_outbox("job_c", PublishClaim("b" * 32, NOW + 90), now=NOW + 30)
     assert not held.won and held.record is not None and held.record["event_claim"] == "a" * 32  # the holder's
     expired = store.claim_outbox("job_c", PublishClaim("b" * 32, NOW + 120), now=NOW + 60)
@@ -90,7 +92,7 @@ def test_a_putevents_taken_but_answered_late_is_sent_once_and_its_claim_kept_unt
     finisher = Finisher(store, EventBus("default"), clock, lambda: None, claim_ttl_real=10.0)
     store.put_pending("job_slow", "image", now=clock.now(), deadline_at=int(clock.now()) + 600)
     claim = PublishClaim("f" * 32, clock.now() + 10.0)
-    won = store.record_terminal("job_slow", Ending("canceled"), now=clock.now(), claim=claim)
+    won = store.record_terminal("job_slow", Ending("canceled", evidence=Evidence.STATUS), now=clock.now(), claim=claim)
     assert won.won and won.record is not None
     with pytest.raises(PublishUnknown):
         finisher.finish_outbox("job_slow", won.record, claim)

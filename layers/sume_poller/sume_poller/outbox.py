@@ -106,7 +106,7 @@ class Finisher:
         self.finish_outbox(job_id, write.record, claim)
         (logger.warning if ending.status == "timed_out" else logger.info)(
             "job terminal", extra={"status": ending.status, "sume_status": ending.sume_status,
-                                   "reads": ending.status_reads + ending.result_reads})
+                                   "evidence": ending.evidence, "reads": ending.status_reads + ending.result_reads})
         hold.release()
         self._step("released", job_id)
         return Finished("terminal")

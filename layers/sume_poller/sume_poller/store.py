@@ -13,6 +13,8 @@ The job record (key ``job_id``; numbers are clock seconds)::
                     open, when the publish claim expires
     fence_token, fence_seq   the chain step that may read while Redis is down
     terminal_at, sume_status, error{code,message}?, reads, status_reads, result_reads
+    evidence        what the outcome rests on (:class:`~sume_poller.jobs.Evidence`): status_read |
+                    result_read | webhook | deadline | key_removed
     found_by        "chain" | "sweep" | "webhook": who learned first that the job was finished
     seen_running_at, seen_terminal_at   bounds of the completion time (for the learned schedule)
     result_json (inline, up to INLINE_RESULT_BYTES) | result_s3_key + result_bytes + result_content_type
@@ -60,7 +62,7 @@ from typing import Any, Protocol
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from .aws import AwsError, client, error_code
-from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
+from .jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_shard, shard_of
 from .observability import logger
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
@@ -148,6 +150,8 @@ class Ending:
     seen_terminal_at: float | None = None
     #: Who learned the job was finished: its chain, a sweep or a webhook.
     found_by: str = "chain"
+    #: What the outcome rests on (:class:`~sume_poller.jobs.Evidence`).
+    evidence: str = Evidence.STATUS
 
 
 class Readable(Protocol):
@@ -254,7 +258,7 @@ class JobStore:
             "error": outcome.error, "status_reads": outcome.status_reads, "result_reads": outcome.result_reads,
             "reads": outcome.status_reads + outcome.result_reads,
             "seen_running_at": outcome.seen_running_at, "seen_terminal_at": outcome.seen_terminal_at,
-            "found_by": outcome.found_by, **outcome.result,
+            "found_by": outcome.found_by, "evidence": str(outcome.evidence), **outcome.result,
             **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}),
         }
         present = {k: v for k, v in values.items() if v is not None}
