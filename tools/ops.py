@@ -25,10 +25,10 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from sume_poller.clock import Clock
-from sume_poller.durations import MIN_OBSERVATIONS
-from sume_poller.models import ModelCache
-from sume_poller.store import STATS_PREFIX
+from sume_poller.core.clock import Clock
+from sume_poller.schedule.durations import MIN_OBSERVATIONS
+from sume_poller.schedule.models import ModelCache
+from sume_poller.store.records import STATS_PREFIX
 from tools.stack.base import ROOT, JobTable, queue_depth
 
 #: Error codes of an endpoint that does not know StartMessageMoveTask (ministack; moto answers 500).

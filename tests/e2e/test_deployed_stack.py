@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from sume_poller.createqueue import DrainMessage, queue_item, queued_record
-from sume_poller.lease import new_token
+from sume_poller.creates.createqueue import DrainMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.store.submissions import queue_item, queued_record
 from tools import ops
 from tools.stack.deployed import DeployedStack
 from tools.template import Created, resolve

@@ -14,8 +14,8 @@ import pytest
 from invariants import check
 from scenario import FAULT_SCALE, NO_CREATE_BUDGET, SAFE_LEASES, remove_key, rotate_key, run, stack_fixtures, submit
 
-from sume_poller.keycheck import KEY_PAUSE
-from sume_poller.keys import MAX_AGE
+from sume_poller.config.keys import MAX_AGE
+from sume_poller.poll.keycheck import KEY_PAUSE
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

@@ -20,15 +20,15 @@ import redis
 from invariants import Crash, check
 from scenario import fault_suite_fixtures, submit
 
-from sume_poller.aws import reset_session
-from sume_poller.clock import Clock
-from sume_poller.events import EventBus, PublishUnknown
-from sume_poller.holds import NoHold
-from sume_poller.jobs import Evidence
-from sume_poller.lease import new_token
-from sume_poller.messages import PollMessage
-from sume_poller.outbox import Finisher
-from sume_poller.store import Ending, JobStore, PublishClaim
+from sume_poller.core.aws import reset_session
+from sume_poller.core.clock import Clock
+from sume_poller.core.jobs import Evidence
+from sume_poller.core.messages import PollMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.poll.holds import NoHold
+from sume_poller.poll.outbox import Finisher
+from sume_poller.store.events import EventBus, PublishUnknown
+from sume_poller.store.records import Ending, JobStore, PublishClaim
 from tools.slowreply import SlowReplies
 from tools.stack.base import EventSink
 from tools.stack.inprocess import InProcessStack

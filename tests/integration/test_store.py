@@ -8,7 +8,7 @@ import json
 import boto3
 import pytest
 
-from sume_poller.store import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
+from sume_poller.store.records import INLINE_RESULT_BYTES, STATS_SLOTS, Ending, JobStore, ResultBucket, from_item
 from tools.template import Provisioned
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from botocore.response import StreamingBody
 from botocore.stub import Stubber
 from fakes import FakeStore
 
-from sume_poller.jobsapi import MAX_BODY, JobsApi, Reply, SubmitDoor, caller, failed, is_url_request, retry_after
-from sume_poller.reader import PUBLIC_FIELDS, RESULT_FIELDS, JobReader, JobsSettings, presigner
-from sume_poller.settings import ConfigError
+from sume_poller.api.jobsapi import MAX_BODY, JobsApi, Reply, SubmitDoor, caller, failed, is_url_request, retry_after
+from sume_poller.api.reader import PUBLIC_FIELDS, RESULT_FIELDS, JobReader, JobsSettings, presigner
+from sume_poller.config.settings import ConfigError
 from sume_poller.wiring.jobs import LOCAL_PRESIGN_CONFIG, PRESIGN_CONFIG
 
 JOB = "job_0123456789abcde4"

@@ -8,7 +8,16 @@ from typing import Any
 
 import pytest
 
-from sume_poller.keys import MAX_AGE, UNKNOWN_REREAD, KeyConfigError, KeyRing, Limits, PerKey, SumeKey, UnknownKey
+from sume_poller.config.keys import (
+    MAX_AGE,
+    UNKNOWN_REREAD,
+    KeyConfigError,
+    KeyRing,
+    Limits,
+    PerKey,
+    SumeKey,
+    UnknownKey,
+)
 
 
 class Config:
@@ -98,7 +107,7 @@ def test_the_configuration_is_cached_and_read_again_at_once_after_a_401() -> Non
 
 @pytest.mark.parametrize("max_age", [MAX_AGE, 2.0])
 def test_the_cache_lasts_its_max_age_sume_keys_max_age_sets_it(max_age: float) -> None:
-    from sume_poller.settings import Env, KeySettings
+    from sume_poller.config.settings import Env, KeySettings
 
     env = Env({"SUME_KEYS_SECRET_NAME": "keys"} | ({} if max_age == MAX_AGE else {"SUME_KEYS_MAX_AGE": "2"}))
     assert KeySettings.read(env, None).max_age == max_age and not env.problems  # type: ignore[arg-type]

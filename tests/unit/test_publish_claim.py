@@ -10,11 +10,11 @@ import pytest
 from fakes import done
 from test_poller import Rig
 
-from sume_poller.aws import reset_session
-from sume_poller.events import CALL_MAX_REAL, EventBus, PublishUnknown
-from sume_poller.lease import new_token
-from sume_poller.messages import OUTBOX_PHASE, PollMessage
-from sume_poller.outbox import CLAIM_SKEW_REAL, PUBLISH_CLAIM_MIN_REAL
+from sume_poller.core.aws import reset_session
+from sume_poller.core.messages import OUTBOX_PHASE, PollMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.poll.outbox import CLAIM_SKEW_REAL, PUBLISH_CLAIM_MIN_REAL
+from sume_poller.store.events import CALL_MAX_REAL, EventBus, PublishUnknown
 
 
 @pytest.fixture

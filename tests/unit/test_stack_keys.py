@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from sume_poller.keys import KeyRing, Limits
+from sume_poller.config.keys import KeyRing, Limits
 from tools.stack.inprocess import InProcessStack
 
 

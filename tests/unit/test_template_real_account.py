@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from sume_poller import settings
+from sume_poller.config import settings
 from tools.template import Created, load, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -627,4 +627,4 @@ def test_a_misconfigured_redis_alarms_on_its_first_datapoint() -> None:
     body = json.loads(resolver().properties["Dashboard"]["DashboardBody"])
     (redis_line,) = [w for w in body["widgets"] if '"RedisUnavailable"' in json.dumps(w)]
     assert '"RedisMisconfigured"' in json.dumps(redis_line)
-    assert "`RedisMisconfigured`" in (ROOT / "README.md").read_text()
+    assert "`RedisMisconfigured`" in (ROOT / "docs" / "operating.md").read_text()

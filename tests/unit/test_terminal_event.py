@@ -3,7 +3,7 @@ each finished job to its customer from the event alone (records from before keys
 
 from __future__ import annotations
 
-from sume_poller.events import terminal_event
+from sume_poller.store.events import terminal_event
 
 
 def test_the_terminal_event_names_the_jobs_key() -> None:

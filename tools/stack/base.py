@@ -21,9 +21,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Self, cast
 
-from sume_poller.clock import Clock
-from sume_poller.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
-from sume_poller.store import JobStore, from_item, to_attrs
+from sume_poller.core.clock import Clock
+from sume_poller.store.events import EVENT_DETAIL_TYPE, EVENT_SOURCE
+from sume_poller.store.records import JobStore, from_item, to_attrs
 from tools.template import REGION, ROOT
 
 SCRATCH = ROOT / ".scratch" / "stack"

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..budget import Budget
-from ..fanout import FanOut, Lane
-from ..keys import KeyRing
-from ..lease import LeaseStore
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import FanOutSettings
-from ..store import JobStore
+from ..config.keys import KeyRing
+from ..config.settings import FanOutSettings
+from ..limits.budget import Budget
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..poll.fanout import FanOut, Lane
+from ..store.queue import PollQueue
+from ..store.records import JobStore
 from . import once
 from .shared import budget_of, checked, key_ring, limits, read_gate, redis_check, redis_client
 

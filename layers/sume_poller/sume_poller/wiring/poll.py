@@ -7,20 +7,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..batch import BatchRunner
-from ..budget import Budget
-from ..cadence import Cadence
-from ..coverage import CoverageStore, CoverageView
-from ..events import EventBus
-from ..keys import PerKey, SumeKey
-from ..lease import LeaseStore
-from ..models import ModelCache
-from ..poller import Poller
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import PollSettings
-from ..store import JobStore, ResultBucket
-from ..sume import Refused
+from ..config.keys import PerKey, SumeKey
+from ..config.settings import PollSettings
+from ..discovery.coverage import CoverageStore, CoverageView
+from ..limits.budget import Budget
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..poll.batch import BatchRunner
+from ..poll.cadence import Cadence
+from ..poll.poller import Poller
+from ..schedule.models import ModelCache
+from ..store.events import EventBus
+from ..store.queue import PollQueue
+from ..store.records import JobStore, ResultBucket
+from ..sume.client import Refused
 from . import once
 from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
