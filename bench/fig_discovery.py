@@ -276,7 +276,7 @@ class _MemoryStore:
     def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
         return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> Any:
         from sume_poller.store.records import TerminalWrite
 
         record = self.records.get(job_id)
@@ -285,9 +285,29 @@ class _MemoryStore:
         record.update(status=outcome.status, terminal_at=now, event_pending=True, found_by=outcome.found_by,
                       status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       seen_running_at=outcome.seen_running_at, seen_terminal_at=outcome.seen_terminal_at,
-                      has_result="result_json" in outcome.result)
+                      has_result="result_json" in outcome.result, evidence=outcome.evidence,
+                      **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}))
         self.pending -= 1
         return TerminalWrite(True, dict(record))
+
+    def claim_outbox(self, job_id: str, claim: Any, *, now: float) -> Any:
+        """The publish claim, as JobStore.claim_outbox's condition takes it."""
+        from sume_poller.store.records import TerminalWrite
+
+        record = self.records.get(job_id)
+        if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
+            return TerminalWrite(False, dict(record) if record else None)
+        took_over = "event_claim" in record
+        record.update(event_claim=claim.token, chain_due_at=claim.until)
+        return TerminalWrite(True, dict(record), took_over)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        record = self.records.get(job_id) or {}
+        if record.get("event_claim") != token or not record.get("event_pending"):
+            return False
+        del record["event_claim"]
+        record["chain_due_at"] = 0
+        return True
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         return self.records[job_id].pop("event_pending", None) is not None

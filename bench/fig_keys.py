@@ -144,7 +144,7 @@ class KeyedStore:
         with self._lock:
             return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> Any:
         from sume_poller.core.jobs import shard_of
         from sume_poller.store.records import TerminalWrite
 
@@ -155,10 +155,32 @@ class KeyedStore:
             outbox = shard_of(job_id, self.shards, "o")
             self._move(job_id, record["pending_shard"], outbox)
             record.update(status=outcome.status, terminal_at=now, event_pending=True, pending_shard=outbox,
-                          found_by=outcome.found_by, status_reads=outcome.status_reads,
-                          result_reads=outcome.result_reads, **outcome.result)
+                          found_by=outcome.found_by, status_reads=outcome.status_reads, evidence=outcome.evidence,
+                          result_reads=outcome.result_reads, **outcome.result,
+                          **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}))
             self.pending[record["key"]] -= 1
             return TerminalWrite(True, dict(record))
+
+    def claim_outbox(self, job_id: str, claim: Any, *, now: float) -> Any:
+        """The publish claim, as JobStore.claim_outbox's condition takes it."""
+        from sume_poller.store.records import TerminalWrite
+
+        with self._lock:
+            record = self.records.get(job_id)
+            if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
+                return TerminalWrite(False, dict(record) if record else None)
+            took_over = "event_claim" in record
+            record.update(event_claim=claim.token, chain_due_at=claim.until)
+            return TerminalWrite(True, dict(record), took_over)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        with self._lock:
+            record = self.records.get(job_id) or {}
+            if record.get("event_claim") != token or not record.get("event_pending"):
+                return False
+            del record["event_claim"]
+            record["chain_due_at"] = 0
+            return True
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         with self._lock:

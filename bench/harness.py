@@ -243,8 +243,8 @@ class CountingStore(JobStore):
         self._lock = threading.Lock()
         self.wins: Counter[str] = Counter()
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> TerminalWrite:
-        write = super().record_terminal(job_id, outcome, now=now)
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> TerminalWrite:
+        write = super().record_terminal(job_id, outcome, now=now, claim=claim)
         if write.won:
             with self._lock:
                 self.wins[job_id] += 1
