@@ -291,23 +291,14 @@ class _MemoryStore:
         return TerminalWrite(True, dict(record))
 
     def claim_outbox(self, job_id: str, claim: Any, *, now: float) -> Any:
-        """The publish claim, as JobStore.claim_outbox's condition takes it."""
-        from sume_poller.store.records import TerminalWrite
+        from bench.harness import take_claim
 
-        record = self.records.get(job_id)
-        if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
-            return TerminalWrite(False, dict(record) if record else None)
-        took_over = "event_claim" in record
-        record.update(event_claim=claim.token, chain_due_at=claim.until)
-        return TerminalWrite(True, dict(record), took_over)
+        return take_claim(self.records.get(job_id), claim, now)
 
     def release_claim(self, job_id: str, token: str) -> bool:
-        record = self.records.get(job_id) or {}
-        if record.get("event_claim") != token or not record.get("event_pending"):
-            return False
-        del record["event_claim"]
-        record["chain_due_at"] = 0
-        return True
+        from bench.harness import free_claim
+
+        return free_claim(self.records.get(job_id), token)
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         return self.records[job_id].pop("event_pending", None) is not None

@@ -255,6 +255,24 @@ class CountingStore(JobStore):
             return len(self.wins)
 
 
+def take_claim(record: dict[str, Any] | None, claim: Any, now: float) -> TerminalWrite:
+    """A virtual store's publish claim on ``record`` (in place), as JobStore.claim_outbox's condition takes it."""
+    if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
+        return TerminalWrite(False, dict(record) if record else None)
+    took_over = "event_claim" in record
+    record.update(event_claim=claim.token, chain_due_at=claim.until)
+    return TerminalWrite(True, dict(record), took_over)
+
+
+def free_claim(record: dict[str, Any] | None, token: str) -> bool:
+    """A virtual store's release of the publish claim ``token`` holds on ``record`` (JobStore.release_claim)."""
+    if record is None or record.get("event_claim") != token or not record.get("event_pending"):
+        return False
+    del record["event_claim"]
+    record["chain_due_at"] = 0
+    return True
+
+
 class CountingBus(EventBus):
     def __init__(self, bus_name: str = "default") -> None:
         super().__init__(bus_name)
