@@ -246,3 +246,24 @@ def test_every_terminal_path_names_its_evidence(rig: Rig) -> None:
     assert recorded == {**{j: (s, str(e)) for j, (_, _, s, e) in paths.items()},
                         "job_hook": ("failed", "webhook"), "job_late": ("timed_out", "deadline")}
     assert {r["evidence"] for r in rig.store.records.values()} <= set(Evidence)
+
+
+def test_a_refusal_of_the_status_route_after_it_said_completed_does_not_make_the_job_failed(rig: Rig) -> None:
+    """The wait on Sume's gate reads the status route; a 403 there (the key check clearing the key) or
+    refusals over the window no longer record failed a job that route called completed."""
+    rig.sume.status["job_a"] = [done(ready=False), refused("forbidden", 403)]
+    rig.sume.listing = [Listing((), None, False)]
+    waiting = rig.next_of(rig.run(rig.submit()))
+    rig.clock.t = waiting.due_at
+    out = rig.run(waiting)
+    rec = record(rig)
+    assert out.status == "completed" and (rec["error"]["code"], rec["evidence"]) == ("forbidden", "status_read")
+    assert "result_json" not in rec and rec["sume_status"] == "completed"
+
+
+def test_the_deadline_of_a_job_waiting_on_sumes_gate_says_its_result_was_not_ready(rig: Rig) -> None:
+    rig.sume.status["job_a"] = [done(ready=False), retry(503)]
+    waiting = rig.next_of(rig.run(rig.submit()))
+    out = rig.run(at_deadline(rig, waiting))  # the last read gets no answer
+    rec = record(rig)
+    assert out.status == "timed_out" and (rec["error"]["code"], rec["evidence"]) == ("result_not_ready", "deadline")

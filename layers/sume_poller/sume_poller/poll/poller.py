@@ -155,6 +155,7 @@ class Poller:
             if need is None:  # Sume's signed word: no read
                 return self._finish(run, finding.status, finding.error, evidence=Evidence.WEBHOOK)
             if need == STATUS_PHASE:
+                run.said = finding
                 run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
                 return self._read_status(run)
             return self._fetch_result(run)
@@ -332,14 +333,18 @@ class Poller:
         if reply.why in ("key", "forbidden") and (verdict := self._key_verdict(run, reply)) is not None:
             return verdict
         error = {"code": reply.code or reply.why, "message": reply.message or f"Sume answered {reply.http_status}"}
+        # Where this route said completed before (the wait on Sume's gate reads it), a refusal now does
+        # not turn that into a failure: recorded completed without the result, the refusal named.
+        status = "completed" if run.said is not None and run.said.confirmed and run.said.status == "completed" \
+            else "failed"
         if reply.why not in ("forbidden", "not_found"):  # 400, 402, 410, 413, 422, 431...: a proxy's, a gateway's
-            return self._refusal(run, reply, now, "failed", {**error, "message": (
+            return self._refusal(run, reply, now, status, {**error, "message": (
                 f"Sume's job route refused the job (HTTP {reply.http_status}) for {self.s.jobs.refusal_window} s: "
                 f"{error['message']}")[:300]})
-        logger.error("Sume forbids this job (another workspace); recording it as failed" if reply.why == "forbidden"
-                     else "Sume does not know this job (404 past the read-after-create grace); recording it as failed",
-                     extra=log)
-        return self._finish(run, "failed", error, evidence=Evidence.STATUS)
+        logger.error("Sume forbids this job (another workspace); recording it" if reply.why == "forbidden"
+                     else "Sume does not know this job (404 past the read-after-create grace); recording it",
+                     extra={**log, "status": status})
+        return self._finish(run, status, error, evidence=Evidence.STATUS)
 
     def _key_removed(self, run: Run, reply: Refused) -> Outcome:
         """The job's key left the key configuration: no read is made. Recorded completed (without its
@@ -354,8 +359,8 @@ class Poller:
 
     # -- ending -----------------------------------------------------------------------------------
     def _timed_out(self, run: Run, why: str | None = None) -> Outcome:
-        finding = run.chain.outcome
-        said_done = run.chain.phase == RESULT_PHASE or (finding is not None and finding.status == "completed")
+        said_done = run.chain.phase == RESULT_PHASE or any(
+            f is not None and f.status == "completed" for f in (run.chain.outcome, run.said))
         return self._finish(run, "timed_out", {
             "code": "result_not_ready" if said_done else "deadline_exceeded",
             "message": "watched until the job's deadline" + (f" ({why})" if why else "")}, evidence=Evidence.DEADLINE)
@@ -363,7 +368,8 @@ class Poller:
     def _finish(self, run: Run, status: str, error: dict[str, str] | None, *, evidence: Evidence,
                 result: dict[str, Any] | None = None) -> Outcome:
         chain = run.chain
-        sume_status = chain.outcome.sume_status if chain.outcome is not None else run.last_status
+        said = chain.outcome or run.said
+        sume_status = run.last_status if said is None or run.last_status is not None else said.sume_status
         ending = Ending(status, sume_status, error, result or {}, chain.reads, chain.result_reads,
                         chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain", evidence)
         done = self.finisher.record(chain.job_id, ending, run.hold)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.clock import Clock
-from ..core.messages import RESULT_PHASE, PollMessage
+from ..core.messages import RESULT_PHASE, Finding, PollMessage
 from ..store.queue import Outgoing
 from .holds import Hold
 
@@ -117,6 +117,9 @@ class Run:
     #: ``timed_out`` instead), and the status that read found.
     final: bool = False
     last_status: str | None = None
+    #: What the chain knew of the job's end when this step set it aside to read the status (Sume's
+    #: gate: the wait reads the status): a refusal or the deadline then records what Sume had said.
+    said: Finding | None = None
 
     def read_status(self) -> None:
         self.status_reads += 1
