@@ -4,6 +4,13 @@ Source ``sume.poller``, detail-type ``Sume Job Terminal``. Consumers dedupe on `
 (``<job_id>:terminal``) and read the result from the table (or S3) - no result payload, media
 URL or error detail beyond Sume's sanitized code and message goes on the bus.
 
+``version`` is the detail's schema (:data:`EVENT_VERSION`); a version only adds fields, so a
+consumer of an older one reads a newer one. Version 1 (no ``version`` field) had no
+``idempotency_key``; version 2 adds it: the submission's idempotency key (the caller's own, or the
+one submit derived and answered), so a caller answered ``queued`` - no job id yet - recognises its
+job's event by its own id alone. A create that started several jobs (a face swap) gives each of
+their events the same key.
+
 PutEvents is sent once per call (:data:`EVENTS_CONFIG`: no SDK retry): it runs under the outbox's
 publish claim (:mod:`sume_poller.poll.outbox`), whose expiry is the retry - botocore's standard retry
 re-sent a call EventBridge had taken but answered late, a raw duplicate. A call that fails says
@@ -21,6 +28,10 @@ from botocore.exceptions import ClientError, ConnectTimeoutError, EndpointConnec
 
 from ..core.aws import CONNECT_TIMEOUT, READ_TIMEOUT, client
 
+EVENT_SOURCE = "sume.poller"
+EVENT_DETAIL_TYPE = "Sume Job Terminal"
+#: The detail's schema version (see the module docstring).
+EVENT_VERSION = 2
 #: One attempt per PutEvents (the publish claim's expiry is the retry), the shared timeouts.
 EVENTS_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 1})
 #: The longest one PutEvents call takes (real seconds): its connect and read timeouts.
@@ -34,17 +45,18 @@ class PublishRefused(RuntimeError):
 class PublishUnknown(RuntimeError):
     """The request was sent and no answer came (a timeout, a connection closed): it may be on the bus."""
 
-EVENT_SOURCE = "sume.poller"
-EVENT_DETAIL_TYPE = "Sume Job Terminal"
+
 
 
 def terminal_event(job_id: str, record: dict[str, Any]) -> dict[str, Any]:
     """The event's detail (schema pinned by the contract tests)."""
     location = "s3" if "result_s3_key" in record else "table" if "result_json" in record else None
     return {
+        "version": EVENT_VERSION,
         "event_id": f"{job_id}:terminal",
         "job_id": job_id,
         "key": record.get("key"),  # the job's Sume key (None: a record from before keys, the default key)
+        "idempotency_key": record.get("idempotency_key"),  # None: a registered job, submitted elsewhere
         "kind": record.get("kind"),
         "status": record.get("status"),
         "sume_status": record.get("sume_status"),

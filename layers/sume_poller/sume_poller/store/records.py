@@ -21,6 +21,9 @@ The job record (key ``job_id``; numbers are clock seconds)::
     event_pending   set by the terminal write; cleared once the event is on the bus
     event_claim     the token of the one actor that may publish the event, until chain_due_at
     event_published_at   when the outbox was done
+    expires_at      set with that clearing when the deployment keeps jobs for a while (RETENTION_DAYS):
+                    real epoch seconds, the table's TTL attribute; never on a pending job or one
+                    still owing its event. DynamoDB deletes lazily: readers treat it as gone from then
 
 The exactly-once step is :meth:`JobStore.record_terminal`: a conditional write that wins only
 while the job is pending. The winner moves the job to the outbox partition and, in the same
@@ -55,12 +58,15 @@ import hashlib
 import json
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
+from ..config.settings import RESULT_UPLOAD_STREAMS
 from ..core.aws import AwsError, client, error_code
 from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_shard, shard_of
 from .submissions import QUEUED, queue_shard, submission_id
@@ -71,7 +77,10 @@ INLINE_RESULT_BYTES = 100_000
 ATTEMPT_TAG = ("sume-poller-attempt", "unclaimed")
 #: Large results streamed at once per container, and the piece of one held in memory: the bytes in
 #: flight are bounded by their product whatever a batch fetches (S3's multipart parts are >= 5 MiB).
-UPLOAD_STREAMS = 2
+UPLOAD_STREAMS = RESULT_UPLOAD_STREAMS
+#: The table's TTL attribute (template.yaml's TimeToLiveSpecification): real epoch seconds.
+EXPIRES_AT = "expires_at"
+DAY_SECONDS = 86_400
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 #: Observation slots per profile item: the newest job in a slot wins (bounded, recent-weighted).
 STATS_SLOTS = 200
@@ -228,11 +237,16 @@ class ResultBucket:
 
 
 class JobStore:
-    def __init__(self, table: str, shards: int, ddb: Any = None, results: ResultBucket | None = None) -> None:
+    def __init__(self, table: str, shards: int, ddb: Any = None, results: ResultBucket | None = None, *,
+                 retention_days: int = 0, wall: Callable[[], float] = time.time) -> None:
         self.table = table
         self.shards = shards
         self._ddb = ddb or client("dynamodb")
         self.results = results
+        #: Days a finished record is kept once its outbox is done (0: forever).
+        self.retention_days = retention_days
+        #: Real time, for the TTL (DynamoDB compares it with the wall clock, never the functions' clock).
+        self._wall = wall
 
     # -- writes -------------------------------------------------------------------------------
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int,
@@ -309,12 +323,18 @@ class JobStore:
             ExpressionAttributeValues=to_attrs({":t": token, ":zero": 0}))
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
-        """The terminal event is on the bus: the job leaves the index. False if already done."""
+        """The terminal event is on the bus: the job leaves the index, and - with a retention - may
+        expire from now on (its TTL, only here: a record still owing its event never expires).
+        False if already done."""
+        values: dict[str, Any] = {":now": int(now)}
+        update = "REMOVE event_pending, pending_shard, event_claim SET event_published_at = :now"
+        if self.retention_days:
+            values[":expires"] = int(self._wall()) + self.retention_days * DAY_SECONDS
+            update += f", {EXPIRES_AT} = :expires"
         return self._conditional(
             self._ddb.update_item, TableName=self.table, Key=to_attrs({"job_id": job_id}),
-            UpdateExpression="REMOVE event_pending, pending_shard, event_claim SET event_published_at = :now",
-            ConditionExpression="attribute_exists(event_pending)",
-            ExpressionAttributeValues=to_attrs({":now": int(now)}))
+            UpdateExpression=update, ConditionExpression="attribute_exists(event_pending)",
+            ExpressionAttributeValues=to_attrs(values))
 
     def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
         """While Redis is down: let chain step ``token:seq`` read, once. Won: it may read (and
