@@ -23,7 +23,7 @@ CONNECT_TIMEOUT, READ_TIMEOUT = 1, 3
 CLIENT_CONFIG = Config(
     connect_timeout=CONNECT_TIMEOUT,
     read_timeout=READ_TIMEOUT,
-    retries={"mode": "standard", "max_attempts": 2},
+    retries={"mode": "standard", "total_max_attempts": 2},  # the first attempt and one retry
     max_pool_connections=16,
 )
 
