@@ -3,8 +3,9 @@
 Every call returns an outcome instead of raising, so the caller decides per job:
 
 * :class:`Pending`   - not terminal yet (maybe with Sume's ``next_poll_after_seconds``);
-* :class:`Terminal`  - terminal, by its status or by ``terminal: true`` (``terminal: false``
-  never overrides a terminal status);
+* :class:`Terminal`  - terminal, by its status (``terminal: false`` never overrides a terminal
+  status; ``terminal: true`` beside a status this project does not know is :class:`Pending` with
+  ``unknown_status``: the contract says an unknown status is not terminal);
 * :class:`Result`    - a completed job's result: any JSON value (its shape varies by job type),
   parsed when it is small; a larger one is a :class:`ResultStream` of the bytes as Sume sends
   them (the caller streams it to S3, never holding it whole), and one whose ``Content-Length``
@@ -14,7 +15,7 @@ Every call returns an outcome instead of raising, so the caller decides per job:
   Sume's ``Retry-After`` when it sent one;
 * :class:`Refused`   - Sume said no: ``why`` is "key" (401: the key), "forbidden" (403: this
   job's workspace, or the key's - the caller checks which), "not_found" (404), "credits"
-  (402) or "request" (another 4xx).
+  (402) or "request" (another 4xx: the caller retries it, see :mod:`sume_poller.poll.poller`).
 
 :class:`Retryable` and :class:`Refused` live here; each route's own outcomes live in a module of
 their own, imported by the call that makes them, so a function creates only the classes of the

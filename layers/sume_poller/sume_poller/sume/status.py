@@ -141,13 +141,11 @@ def interpret_status(body: Any, request_id: str | None = None, rate: RateInfo = 
     result_ready = hint("result_ready")
     next_poll = _number(hint("next_poll_after_seconds"))
     state = classify_status(status)
-    # A terminal status is terminal whatever the flag says; ``terminal: true`` also ends a job
-    # whose status this project does not know.
-    terminal = state in (State.SUCCEEDED, State.FAILED) or hint("terminal") is True
-    if not terminal:
+    # A terminal status is terminal whatever the flag says. A status this project does not know is
+    # not terminal, ``terminal: true`` or not (the contract's rule: keep reading, report it loudly).
+    if state not in (State.SUCCEEDED, State.FAILED):
         return Pending(status, next_poll, state is State.UNKNOWN, request_id, rate)
-    succeeded = state is State.SUCCEEDED or (state is not State.FAILED and result_ready is True)
-    canonical = canonical_terminal_status(status, succeeded)
+    canonical = canonical_terminal_status(status)
     error = None
     raw_error = job.get("error")
     if canonical != "completed" and isinstance(raw_error, dict):
