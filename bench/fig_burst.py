@@ -145,11 +145,12 @@ def burst_run(redis_url: str, n: int) -> dict[str, Any]:
     """One burst of ``n`` submissions at once; what happened to each, the simulator's counts."""
     import redis as redis_lib
 
-    from sume_poller.budget import NO_DAY_RESERVE, Budget, LocalPacer
+    from sume_poller.budget import NO_DAY_RESERVE, Budget
     from sume_poller.createqueue import DrainMessage
     from sume_poller.drain import Drainer
     from sume_poller.keys import Limits, SumeKey
     from sume_poller.lease import LeaseStore
+    from sume_poller.pacer import LocalPacer
     from sume_poller.settings import SubmitSettings
     from sume_poller.submit import CreateBudgetExhausted, SubmitKey, Submitter
     from sume_poller.sume import SumeClient

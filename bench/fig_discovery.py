@@ -508,7 +508,7 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                 if stop is not None and stop(result):
                     result.aborted = True
                     break
-                budget.set_pending(pending)  # what fan-out counts and tells the limiter
+                budget.mailbox.set_pending(pending)  # what fan-out counts and tells the limiter
                 if arm.sweeps:
                     report = Sweeper(SweepSettings(arm.tick, read_share=arm.read_share), clock, sume=sume,
                                      store=store, queue=side_queue, lease=lease,  # type: ignore[arg-type]

@@ -111,9 +111,10 @@ class RunResult:
 def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[tuple[str, dict[str, Any]]],
              fanout_every: float, seed: int, timeout: float, arrival_rate: float, concurrency: int) -> RunResult:
     from sume_poller.batch import BatchRunner
-    from sume_poller.budget import Budget, LocalPacer
+    from sume_poller.budget import Budget
     from sume_poller.fanout import FanOut
     from sume_poller.lease import LeaseStore
+    from sume_poller.pacer import LocalPacer
     from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
     from sume_poller.submit import Submitter, one_key
     from sume_poller.wiring.shared import reads_budget

@@ -35,11 +35,12 @@ from typing import Any
 
 import redis
 
-from sume_poller.budget import Budget, LocalPacer
+from sume_poller.budget import Budget
 from sume_poller.cadence import Cadence
 from sume_poller.events import EventBus
 from sume_poller.gate import Passage, ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step
+from sume_poller.pacer import LocalPacer
 from sume_poller.poller import Poller
 from sume_poller.queue import Outgoing, PollQueue
 from sume_poller.store import JobStore, TerminalWrite

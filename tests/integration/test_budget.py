@@ -14,9 +14,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sume_poller.budget import Budget, LocalPacer, RateInfo, granted_per_window, lane_burst
-from sume_poller.gate import ReadGate
-from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.budget import BUDGET_LUA, FEEDBACK, TAKE, Budget, Mode, RateInfo, granted_per_window, lane_burst
+from sume_poller.gate import GATE, ReadGate
+from sume_poller.lease import CLAIM_ARGS, Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.pacer import LocalPacer
 
 pytestmark = pytest.mark.integration
 
@@ -211,6 +212,32 @@ def test_the_line_spares_reads_for_sweeps_only_while_it_spends_less_than_an_even
     assert budget(rdb, clock, per_minute=120).spare(1_000, 0.1)  # no day limit: the minute decides alone
 
 
+def test_every_mode_has_its_function_in_the_script_and_no_other(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """budget.lua's MODES answers every Mode but NONE (the gate's: gate.lua returns before the take),
+    by the Mode's value; the script refuses a mode it has no function for, and Python a string that
+    is no Mode."""
+    lua = BUDGET_LUA + "local names = {} for name in pairs(MODES) do names[#names + 1] = name end return names"
+    assert set(rdb.eval(lua, 0)) == {m.value for m in Mode} - {Mode.NONE.value}
+    b = budget(rdb, clock)
+    with pytest.raises(redis.ResponseError, match="the budget has no mode bogus"):
+        rdb.evalsha(rdb.script_load(TAKE.source), 2, *b.keys, *TAKE.argv({**b.take_values(), "mode": "bogus"}))
+    with pytest.raises(ValueError, match="bogus"):
+        b.take("bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="none"):
+        b.take(Mode.NONE)
+    assert "status_taken" not in b.state() and "minute_tat" not in b.state()  # nothing was taken
+
+
+def test_each_script_names_its_keys_and_arguments_in_its_header() -> None:
+    """The script files open with their KEYS and ARGV (as redis-py's lock.py documents its scripts);
+    the gate's are the lease claim's then the budget take's, in that order."""
+    assert TAKE.keys == FEEDBACK.keys == ("budget", "lane") and GATE.keys == ("lease", "budget", "lane")
+    assert TAKE.args[:2] == ("now_ms", "mode") and FEEDBACK.args[:2] == ("now_ms", "window")
+    assert GATE.args == CLAIM_ARGS + TAKE.args
+    for script in (TAKE, FEEDBACK, GATE):
+        assert script.source.count("= ARGV[") == len(script.args)
+
+
 def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120, per_day=2_000)
     reads = drive(b, clock, 3 * 86_400, step=20.0)
@@ -395,7 +422,7 @@ def test_the_day_is_a_total_spent_at_the_minute_pace_while_it_keeps_its_reserve(
     the day covers the reserve; then reads are spaced so that it lasts; the day never exceeds 2,000."""
     clock.t = 1_800_000_000.0 - 1_800_000_000.0 % 86_400  # midnight, UTC
     b = Budget(rdb, "t:day:{reads}", 120, 2_000, clock, early=0.0, reserve_every=900.0)
-    b.set_pending(5)  # the reserve: 5 jobs x 96 reads a day, plus 5 % for jobs to come: 580
+    b.mailbox.set_pending(5)  # the reserve: 5 jobs x 96 reads a day, plus 5 % for jobs to come: 580
     first_hour = drive(b, clock, 3_600, step=0.25)
     assert len(first_hour) >= 2_000 - 580, len(first_hour)  # an evenly spent day would give 83
     rest = drive(b, clock, 86_400 - 3_600, step=5.0)

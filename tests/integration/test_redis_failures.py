@@ -10,11 +10,12 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from sume_poller.budget import Budget, LocalPacer
+from sume_poller.budget import Budget
 from sume_poller.coverage import FOUND_MAX, FOUND_MAX_AGE, CoverageStore
 from sume_poller.gate import ReadGate
 from sume_poller.jobs import KINDS
 from sume_poller.lease import LeaseStore
+from sume_poller.pacer import LocalPacer
 from sume_poller.redisconn import (
     MISCONFIGURED,
     UNAVAILABLE,

@@ -12,9 +12,10 @@ import pytest
 import redis
 from redis.exceptions import RedisError
 
-from sume_poller.budget import Budget, LocalPacer
+from sume_poller.budget import Budget
 from sume_poller.gate import ReadGate
 from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.pacer import LocalPacer
 from sume_poller.redisconn import connect, reconnect
 from sume_poller.settings import RedisSettings
 from tools.faultproxy import FaultProxy

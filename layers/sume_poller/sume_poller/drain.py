@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .budget import RateInfo
+from .budget import Mode, RateInfo
 from .createqueue import CREATED, EXPIRED, KEY_REMOVED, QUEUED, REJECTED, DrainMessage, DrainMessageError, drain_lease
 from .keys import UnknownKey
 from .lease import Claim, LeaseStore, Step, new_nonce, new_token
@@ -146,7 +146,7 @@ class Drainer:
             self._next(msg, step, min(msg.slot - now, deadline_in), slot=msg.slot, errors=msg.errors)
             report.waited += 1
             return
-        grant = k.creates.take(mode="confirm", slot=msg.slot) if msg.slot is not None else k.creates.take()
+        grant = k.creates.take(mode=Mode.CONFIRM, slot=msg.slot) if msg.slot is not None else k.creates.take()
         if not grant.now:
             slot = now + grant.wait if grant.granted else None
             self._next(msg, step, min(grant.wait, deadline_in), slot=slot, errors=msg.errors)

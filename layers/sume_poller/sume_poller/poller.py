@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from .aws import AwsError
+from .budget import Mode
 from .cadence import Cadence
 from .clock import Clock
 from .events import EventBus
@@ -98,7 +99,7 @@ class Poller:
             if record is None or record.get("status") != PENDING:
                 return run.outcome(self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
-            if p.mode != "none":
+            if p.mode is not Mode.NONE:
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
         return self._advance(run, p.hop, grant)
 
@@ -187,7 +188,7 @@ class Poller:
             return self._timed_out(run)
         if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # ...and the invocation has the time
             return self._requeue(run, due=now, name="out_of_time")
-        grant = self.gate.take("ahead")
+        grant = self.gate.take(Mode.AHEAD)
         return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
 
     def _fetch_result(self, run: Run) -> Outcome:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .budget import Mode
 from .clock import Clock
 from .holds import Hold
 from .messages import RESULT_PHASE, PollMessage
@@ -36,10 +37,10 @@ class Plan:
     #: The lease's TTL for this claim (real ms): until the hop's next delivery plus the margin, or
     #: the claim TTL of a step that reads.
     ttl_ms: int
-    #: The read slot asked for: "none" (a hop), "confirm"/"rconfirm" (the slot the step reserved
-    #: earlier, for a status or a result read), "ahead" (a job known to be finished: its result,
-    #: or the status read that confirms a list's or webhook's word) or "take" (a status read).
-    mode: str
+    #: The read slot asked for: NONE (a hop), CONFIRM/RCONFIRM (the slot the step reserved
+    #: earlier, for a status or a result read), AHEAD (a job known to be finished: its result,
+    #: or the status read that confirms a list's or webhook's word) or TAKE (a status read).
+    mode: Mode
     #: The farthest slot accepted (clock seconds; inf: any).
     patience: float
 
@@ -52,12 +53,12 @@ def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin
     ttl = clock.to_real(min(hop, max_delay)) + margin_real if hop else float(claim_ttl_real)
     facts = msg.outcome or {}
     if hop or (msg.phase == RESULT_PHASE and facts.get("source") == "webhook" and facts.get("status") != "completed"):
-        mode = "none"  # a hop reads nothing; nor does recording a failure a signed webhook stated
+        mode = Mode.NONE  # a hop reads nothing; nor does recording a failure a signed webhook stated
     elif msg.slot_at is not None:
-        mode = "rconfirm" if msg.phase == RESULT_PHASE else "confirm"
+        mode = Mode.RCONFIRM if msg.phase == RESULT_PHASE else Mode.CONFIRM
     else:
-        mode = "ahead" if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else "take"
-    return Plan(hop, max(1, int(ttl * 1000)), mode, patience(msg, now) if mode == "take" else math.inf)
+        mode = Mode.AHEAD if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else Mode.TAKE
+    return Plan(hop, max(1, int(ttl * 1000)), mode, patience(msg, now) if mode is Mode.TAKE else math.inf)
 
 
 class Deadline:

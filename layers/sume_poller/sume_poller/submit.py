@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .budget import Budget, Grant, LocalPacer
+from .budget import Budget, Grant, Mode
 from .createqueue import (
     CREATED,
     QUEUED,
@@ -66,6 +66,7 @@ from .keys import Limits, SumeKey, UnknownKey
 from .lease import LeaseStore, new_token
 from .messages import PollMessage
 from .observability import logger
+from .pacer import LocalPacer
 from .queue import Outgoing, PollQueue
 from .redisconn import RedisFailure, describe
 from .schedule import Bounds, next_delay, profile_key
@@ -286,7 +287,7 @@ class Submitter:
         now = self.clock.now()
         ahead = self.store.queue_ahead(k.key.id, item_id) if item_id else 0
         try:
-            first, state = k.creates.take(mode="peek").wait, k.creates.state()
+            first, state = k.creates.take(mode=Mode.PEEK).wait, k.creates.state()
         except RedisFailure:
             first, state = 0.0, {}
         return math.ceil(estimate_create_at(now, ahead, first, k.creates.per_minute, k.creates.per_day, state))

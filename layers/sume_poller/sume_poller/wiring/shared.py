@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..budget import Budget, LocalPacer
+from ..budget import Budget
 from ..gate import ReadGate
 from ..keys import KeyRing, Limits, SumeKey
 from ..lease import LeaseStore
 from ..observability import MetricUnit, metrics
+from ..pacer import LocalPacer
 from ..redisconn import ColdStartCheck, RedisMisconfigured, connect
 from ..settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
 from . import once

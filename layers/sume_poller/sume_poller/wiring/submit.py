@@ -7,10 +7,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..budget import NO_DAY_RESERVE, LocalPacer
+from ..budget import NO_DAY_RESERVE
 from ..keys import PerKey, SumeKey
 from ..lease import LeaseStore
 from ..models import ModelCache
+from ..pacer import LocalPacer
 from ..queue import PollQueue
 from ..redisconn import ColdStartCheck
 from ..settings import SubmitSettings
