@@ -212,6 +212,25 @@ def test_the_line_spares_reads_for_sweeps_only_while_it_spends_less_than_an_even
     assert budget(rdb, clock, per_minute=120).spare(1_000, 0.1)  # no day limit: the minute decides alone
 
 
+def test_a_spare_read_is_refused_where_the_line_spends_more_than_an_evenly_spent_day(
+        rdb: redis.Redis, clock: VirtualClock) -> None:
+    """Mode spare is the limiter's own rule, checked in the script with the take: a sweep's list read
+    from the line only where the line spends less than an evenly spent day. (It matched no branch
+    and was taken as a status read is: wherever the day's reserve - here only the 5 % floor for jobs
+    to come, nothing pending - had room, on a state the sweep had read earlier in its tick.)"""
+    clock.advance(-(clock() % 86_400) + 18 * 3_600)  # 18:00: an even day keeps a quarter of the day
+    b = budget(rdb, clock, per_minute=120, per_day=10_000)
+    b.mailbox.set_pending(0)
+    rdb.hset(b.key, mapping={"day_used": 9_000, "day_reset": int((clock() + 6 * 3_600) * 1000)})
+    assert b.take(max_wait=0.0).now  # the reserve (125 reads for the 6 hours left) lets a status read by...
+    taken = b.state()
+    assert not b.spare(1, 0.0, taken)  # ...but the line spends more than an even day: nothing to spare
+    refused = b.take("spare", max_wait=0.0)
+    assert not refused.granted and refused.wait > 3_600  # not before the even day has caught up
+    assert b.state() == taken  # nothing reserved, nothing counted
+    assert taken["day_used"] == 9_001 and taken["status_taken"] == 1  # the status read's
+
+
 def test_every_mode_has_its_function_in_the_script_and_no_other(rdb: redis.Redis, clock: VirtualClock) -> None:
     """budget.lua's MODES answers every Mode but NONE (the gate's: gate.lua returns before the take),
     by the Mode's value; the script refuses a mode it has no function for, and Python a string that

@@ -228,9 +228,10 @@ function MODES.peek(c)
   return reserve(c, {peek = true})
 end
 
--- spare: a sweep's list read from the line, as a take (not a status read)
+-- spare: a sweep's list read from the line, where the line spends less than an evenly spent day:
+-- the day's check is that even day, whatever the reserve (not a status read)
 function MODES.spare(c)
-  return reserve(c, {})
+  return reserve(c, {day_rate = c.d_limit / DAY})
 end
 
 -- ahead: a job known to be finished (its result, or the status read that confirms a list's or a
