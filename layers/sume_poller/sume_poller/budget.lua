@@ -1,7 +1,8 @@
 -- The shared Sume budget's library (budget.py states the rules): the state, the arithmetic of its
 -- windows, and budget_take, which answers a take by the function its mode names in MODES. The
 -- scripts that use it (budget_take.lua, budget_feedback.lua, gate.lua) are this file and their own.
--- budget.py defines LANE_BURST and DAY_FLOOR before it (Python's mirror of the minute shares them).
+-- budget.py defines LANE_BURST, DAY_FLOOR, SLIDE_MS, BUCKET_MS and PACE_MS before it (Python's
+-- mirror of the minute shares them).
 
 local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state outlives its last use by two days
 
@@ -23,6 +24,8 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   ahead_next        the slot of the next result read that takes a place
 --   status_taken      status reads granted so far (a counter: sweeps weigh what chains spend)
 --   early_tat         the next reserved read that may come before its slot while the day spaces the line
+--   read_log          the reads granted now over the last SLIDE_MS, "bucket:count,..." oldest first, a
+--                     bucket BUCKET_MS of the clock: no SLIDE_MS span ever holds more than the minute's limit
 -- The sweeps' lane (KEYS[2], the same cluster slot):
 --   open_until        the sweep function keeps it open (every tick)
 --   share             per mille of each minute kept for list reads
@@ -30,7 +33,7 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   day_tat           ...and the day's: the lane's share of the day, evenly (the line gets the rest)
 local FIELDS = {'minute_tat', 'day_used', 'day_next', 'day_reset', 'pause_until', 'key_pause_until', 'sume_left',
                 'sume_reset', 'other_until', 'learned_minute', 'learned_day', 'pending', 'owed', 'ahead_next',
-                'early_tat'}
+                'early_tat'}  -- and read_log, a string
 
 local function load(key, fields)
   local values, state = redis.call('HMGET', key, unpack(fields)), {}
@@ -44,21 +47,57 @@ local function limit_of(configured, learned)
   return limit
 end
 
--- reads of a minute kept for list reads while the sweeps' lane is open (share in per mille)
+-- reads of a minute kept for list reads while the sweeps' lane is open (share in per mille); never
+-- the whole limit (a limit of 1 keeps none)
 local function lane_size(limit, share)
   if share <= 0 or limit <= 0 then return 0 end
-  return math.max(1, math.floor(limit * share / 1000))
+  return math.min(math.max(1, math.floor(limit * share / 1000)), limit - 1)
 end
 
--- the minute's interval and burst (ms) for chains and results: Python's granted_per_window
+-- the minute's interval and burst (ms) for chains and results, the lane's reads aside: the limit
+-- over PACE_MS, the read log's span with room for a read that comes back late to its slot (Python's
+-- granted_per_window)
 local function minute_window(limit, share)
   if limit <= 0 then return 0, 0 end
-  local burst = math.floor(limit / 50)
-  local spare = (limit >= 20) and 1 or 0
-  local k = lane_size(limit, share)
-  if k > 0 then k = k + 1 end
-  local t = MINUTE / math.max(1, limit - burst - 2 - spare - k)
-  return t, burst * t
+  local t = PACE_MS / math.max(1, limit - lane_size(limit, share))
+  return t, math.floor(limit / 50) * t
+end
+
+-- The read log, parsed: {bucket, count} pairs, oldest first.
+local function log_of(text)
+  local log = {}
+  for bucket, count in string.gmatch(text or '', '(%d+):(%d+)') do  -- text false (HGET's nil): no log yet
+    log[#log + 1] = {tonumber(bucket), tonumber(count)}
+  end
+  return log
+end
+
+-- The earliest time from `at` at which n more reads keep every SLIDE_MS span at most `limit`: a read
+-- at t counts every bucket that ends after t - SLIDE_MS; nil: n is above the limit itself.
+local function log_room(log, at, n, limit)
+  if limit <= 0 then return at end
+  if n > limit then return nil end
+  local counted = 0
+  for i = #log, 1, -1 do
+    counted = counted + log[i][2]
+    if counted + n > limit then return math.max(at, (log[i][1] + 1) * BUCKET_MS + SLIDE_MS) end
+  end
+  return at
+end
+
+-- The log with n reads at `now`, in its place (another container's clock may be a little behind);
+-- buckets no read from now on counts are dropped.
+local function log_text(log, now, n)
+  local bucket, parts, added = math.floor(now / BUCKET_MS), {}, false
+  for _, entry in ipairs(log) do
+    if not added and entry[1] >= bucket then
+      if entry[1] == bucket then entry[2] = entry[2] + n else parts[#parts + 1] = bucket .. ':' .. n end
+      added = true
+    end
+    if (entry[1] + 1) * BUCKET_MS > now - SLIDE_MS then parts[#parts + 1] = entry[1] .. ':' .. entry[2] end
+  end
+  if not added then parts[#parts + 1] = bucket .. ':' .. n end
+  return table.concat(parts, ',')
 end
 
 -- the lane's: at most lane_size of a window (a minute, a day), a sweep's pages in a burst
@@ -123,14 +162,24 @@ local function budget_state(key, lane_key, now, max_wait, early, cfg_m, cfg_d, s
   c.exhausted = c.sume_left ~= nil and c.sume_left <= (((c.st.other_until or 0) > now) and 1 or 0)
                 and now < c.sume_reset
   c.owed = c.st.owed or 0
+  c.log = log_of(redis.call('HGET', key, 'read_log'))
   return c
+end
+
+-- When a read at the slot `at` may happen: a slot within `early` is now, unless the read log's span
+-- holds the limit already - then at the log's room (nil: never, more reads at once than the limit).
+local function settle(c, at)
+  if at - c.now > c.early then return at end
+  local room = log_room(c.log, c.now, c.count, c.m_limit)
+  return room and math.max(at, room)
 end
 
 -- The reply: {granted 0|1, wait ms, pending (-1: not counted), 0 granted | 1 not | 2 key paused,
 -- what the day has left beyond its reserve (-1: no day limit)}. A slot within `early` is now.
 local function answer(c, granted, wait)
   if granted == 1 and wait <= c.early then
-    wait = 0  -- read now: one read less left in Sume's window
+    wait = 0  -- read now: in the read log, and one read less left in Sume's window
+    if c.m_limit > 0 then redis.call('HSET', c.key, 'read_log', log_text(c.log, c.now, c.count)) end
     if c.sume_left ~= nil and c.now < c.sume_reset then redis.call('HSET', c.key, 'sume_left', c.sume_left - 1) end
   end
   if granted == 1 then redis.call('PEXPIRE', c.key, KEEP) end
@@ -168,6 +217,8 @@ local function reserve(c, how)
       at = math.max(at, fits)
     end
   end
+  at = settle(c, at)
+  if at == nil then return answer(c, 0, MINUTE) end
   local wait = at - now
   if how.peek then return {0, wait, c.pending, c.key_paused and 2 or 0, c.day_left} end
   if c.max_wait >= 0 and wait > c.max_wait then return answer(c, 0, wait) end
@@ -201,6 +252,8 @@ end
 -- minute, in the minute's room between the line's reads (together no faster than the minute's
 -- pace); else at its own slot.
 local function before_slot(c)
+  local room = settle(c, c.now)
+  if room > c.now + c.early then return answer(c, 1, math.min(room, c.slot) - c.now) end  -- the log is full now
   local t, tau = minute_window(c.m_limit, c.share)
   local tat = c.st.minute_tat or 0
   if t <= 0 or tat - tau <= c.now then
@@ -211,7 +264,7 @@ local function before_slot(c)
   local at = math.max(c.now, c.st.early_tat or 0)
   if day_t > t and at < c.slot then  -- the earlier of the two slots (the later one is left unused)
     redis.call('HSET', c.key, 'early_tat', at + 1 / (1 / t - 1 / day_t))
-    return answer(c, 1, at - c.now)
+    return answer(c, 1, settle(c, at) - c.now)
   end
   return answer(c, 1, c.slot - c.now)
 end
@@ -245,6 +298,8 @@ function MODES.ahead(c)
   if step > 0 and spare and c.owed < 1 then
     local at = math.max(c.now + step, c.st.ahead_next or 0, c.paused)
     if c.exhausted and at < c.sume_reset then at = c.sume_reset end
+    at = settle(c, at)
+    if at == nil then return answer(c, 0, MINUTE) end
     if c.max_wait >= 0 and at - c.now > c.max_wait then return answer(c, 0, at - c.now) end
     redis.call('HSET', c.key, 'owed', c.owed + 1, 'ahead_next', at + step)
     return answer(c, 1, at - c.now)
@@ -254,7 +309,7 @@ end
 
 -- list: a sweep's list read in its lane while the sweeps keep it open; ahead of the line if not
 function MODES.list(c)
-  if c.share <= 0 then return MODES.ahead(c) end
+  if lane_size(c.m_limit, c.share) <= 0 then return MODES.ahead(c) end
   return reserve(c, {lane = true})
 end
 
@@ -264,7 +319,7 @@ end
 local function confirm(c, result)
   if c.now < c.paused or c.exhausted then return MODES.take(c) end
   if c.slot <= c.now + c.early then
-    if result or c.owed <= 0 then return answer(c, 1, 0) end
+    if result or c.owed <= 0 then return answer(c, 1, settle(c, c.now) - c.now) end  -- its slot: now, or the log's room
     redis.call('HSET', c.key, 'owed', c.owed - 1)
     c.owed = c.owed - 1
     return MODES.take(c)

@@ -7,14 +7,21 @@ library ``budget.lua`` (whose state is the table at its top), by the :class:`Mod
 each mode a function of its own in the library's ``MODES``; ``budget_feedback.lua`` takes what Sume's
 replies say. The rules:
 
+* **no 60 seconds ever hold more than the minute's limit** - whether Sume counts fixed minutes or
+  the 60 s before each request (its contract does not say): every read granted *now* goes into a
+  *read log* (counts per 0.25 s of the clock over the last :data:`SLIDE`, 61 s: a second for a
+  read to reach Sume after its grant), and a read is granted now only where the log's span then
+  holds at most ``L`` - else it waits for the log's room (a reserved read comes back then). This is
+  the guarantee; every rule below only decides who reads when, and none can pass it;
 * **the minute is a pace** (GCRA, the generic cell rate algorithm, with reservations): a request
-  gets the earliest *slot* the window allows; one that cannot read now learns its slot and
-  re-queues its message for that time (keeping its lease), so waiting jobs never wake up together
-  and retry in a herd. A window of limit ``L`` grants ``L - L // 50 - 3`` a minute in a sustained
-  overload (``L - 2`` below 20: :func:`granted_per_window`), with a burst of ``L // 50``: Sume's own
-  fixed windows never see more than ``L`` even when our grants and its windows do not line up
-  (one spare read), and a read ``ahead`` of the line (a job known to be finished) may borrow an
-  interval without passing the window;
+  gets the earliest *slot* the line allows; one that cannot read now learns its slot and re-queues
+  its message for that time (keeping its lease), so waiting jobs never wake up together and retry
+  in a herd. The line is spaced ``L`` over :data:`PACE` (62.25 s: the log's span, a bucket, and a
+  second for a reserved read that comes back late to its slot, as SQS counts delays in whole
+  seconds), so a read on time never waits for the log: ``0.964 L`` a minute in a sustained
+  overload (:func:`granted_per_window`), with a burst of ``L // 50``. A read ``ahead`` of the line,
+  reads that come back late and bunch, the sweeps' pages at once: where they would pass the limit,
+  the log holds them back;
 * **the day is a total, not a pace**: reads run at the minute's pace while what is left of the
   day window covers a reserve for the rest of it - the safety cadence of every pending job (one
   read per ``reserve_every`` seconds each) plus a floor for jobs still to come (``DAY_FLOOR`` of
@@ -24,14 +31,14 @@ replies say. The rules:
   describes it, else at the UTC day's end; the day total is never exceeded (a grant that does not
   fit is a slot in the next window);
 * **the sweeps' lane**: while the sweep function keeps it open (:meth:`Budget.open_lane`), a share
-  ``k`` of each minute (``SweepReadSharePercent``) is kept for ``list`` reads - the line of chain
-  and result reads is spaced for ``k + 1`` fewer grants, and list reads have their own GCRA
-  allowing ``k`` a minute with up to ``LANE_BURST + 1`` at once (a sweep's pages); the lane closes
-  by itself when sweeps stop;
+  ``k`` of each minute (``SweepReadSharePercent``; never the whole limit) is kept for ``list``
+  reads - the line of chain and result reads is spaced for ``k`` fewer grants, and list reads have
+  their own GCRA allowing ``k`` a minute with up to ``LANE_BURST + 1`` at once (a sweep's pages,
+  read back to back: the log counts them at the take); the lane closes by itself when sweeps stop;
 * **a result read goes first**: while status reads are reserved further ahead than one interval, a
   result read of a job Sume finished takes the place of the next reserved one (whose ``confirm``
-  then sends it to the back of the line); one place at a time, so a place nobody gives up costs at
-  most the window's spare read (limits below 20 keep none, so they do not do it);
+  then sends it to the back of the line); one place at a time, so a place nobody gives up costs
+  at most a read (limits below 20 do not do it);
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering) - nothing is
   then reserved; a reserved slot is checked again when its message comes back (``confirm``); one
   that comes back before its slot (a sweep's hand-over inherits the slot of the step it fenced out)
@@ -39,14 +46,18 @@ replies say. The rules:
   than the minute and the minute's room between its reads is free (``early_tat``) - the day counted
   it when it was reserved, and the slot is left unused - else at its slot;
 * **what Sume says tightens it for everyone**: ``RateLimit-Limit``/``-Policy`` teach the real
-  limits, ``-Remaining``/``-Reset`` what is left of Sume's window (one read is kept in reserve at
-  each window's end once Sume counts fewer left than our grants explain: another client spends
-  the key), a 429's ``Retry-After`` pauses every read until then, a refused key pauses them all.
+  limits, ``-Remaining``/``-Reset`` what is left of Sume's window and when it next grows - a fixed
+  window's end, or a sliding one's oldest request leaving it: either way no read before then once
+  none is left (one is kept in reserve once Sume counts fewer left than our grants explain: another
+  client spends the key); a day window's reply sets how much of it is spent, so a day that slides
+  is followed reply by reply; a 429's ``Retry-After`` pauses every read until then, a refused key
+  pauses them all.
 
 Times in Redis are clock milliseconds passed by the caller (:mod:`sume_poller.clock`), so tests
 and benchmarks drive the limiter on a compressed clock. Python mirrors only the minute's
 arithmetic (:func:`granted_per_window`, :func:`lane_size`, :func:`lane_burst`); a property test
-holds the two to the same grants. While Redis is down :class:`~sume_poller.pacer.LocalPacer` paces
+holds the two to the same grants, and another holds random streams of every mode to the limit in
+every 60 s. While Redis is down :class:`~sume_poller.pacer.LocalPacer` paces
 each container by the same two rules, alone, at its share. Fan-out posts the pending count the day's
 reserve scales with in the same hash (:mod:`sume_poller.pending`).
 """
@@ -71,9 +82,21 @@ DAY_FLOOR = 0.05
 #: "jobs still to come" would only hold back the queue's head (later arrivals queue behind it).
 NO_DAY_RESERVE = -1.0
 MINUTE, DAY = 60.0, 86_400.0
+#: The read log's span (clock seconds): Sume's minute, and a second more for a read to reach Sume
+#: after its grant (the request's latency, two containers' clocks). No span this long ever holds
+#: more reads granted now than the minute's limit, so no minute of Sume's does, fixed or sliding.
+SLIDE = MINUTE + 1.0
+#: The read log counts reads by buckets of this much clock time (so it stays small at any limit).
+LOG_BUCKET = 0.25
+#: The line's pace: the limit over this much clock time - the log's span, a bucket, and a second for a
+#: reserved read that comes back late to its slot (SQS counts delays in whole seconds): a line read
+#: on time never waits for the log.
+PACE = SLIDE + LOG_BUCKET + 1.0
 
 #: budget.lua, the library the budget's scripts share, after the constants Python's mirror shares.
-BUDGET_LUA = f"local LANE_BURST, DAY_FLOOR = {LANE_BURST}, {DAY_FLOOR}\n" + lua_file(__package__, "budget.lua")
+BUDGET_LUA = (f"local LANE_BURST, DAY_FLOOR, SLIDE_MS, BUCKET_MS, PACE_MS = {LANE_BURST}, {DAY_FLOOR}, "
+              f"{round(SLIDE * 1000)}, {round(LOG_BUCKET * 1000)}, {round(PACE * 1000)}\n"
+              + lua_file(__package__, "budget.lua"))
 #: The take (:meth:`Budget.take`): a read slot, by :class:`Mode`.
 TAKE = lua_script(__package__, "budget_take.lua", BUDGET_LUA)
 #: What Sume's reply said (:meth:`Budget.feedback`).
@@ -106,9 +129,10 @@ class Mode(StrEnum):
 
 
 def lane_size(limit: int, share: float) -> int:
-    """Reads of a minute the sweeps' lane keeps (the Lua ``lane_size``; ``share`` a fraction)."""
+    """Reads of a minute the sweeps' lane keeps (the Lua ``lane_size``; ``share`` a fraction): never
+    the whole limit."""
     permille = round(share * 1000)
-    return 0 if permille <= 0 or limit <= 0 else max(1, limit * permille // 1000)
+    return 0 if permille <= 0 or limit <= 0 else min(max(1, limit * permille // 1000), limit - 1)
 
 
 def lane_burst(limit: int, share: float) -> int:
@@ -117,11 +141,11 @@ def lane_burst(limit: int, share: float) -> int:
     return min(LANE_BURST, k - 1) + 1 if k else 0
 
 
-def granted_per_window(limit: int, share: float = 0.0) -> int:
+def granted_per_window(limit: int, share: float = 0.0) -> float:
     """Grants per minute to chains and result reads in a sustained overload, with the sweeps'
-    lane open at ``share`` or not (the Lua ``minute_window``)."""
-    k = lane_size(limit, share)
-    return max(1, limit - limit // 50 - 2 - (1 if limit >= 20 else 0) - (k + 1 if k else 0))
+    lane open at ``share`` or not (the Lua ``minute_window``): the limit less the lane's, over
+    :data:`PACE` (0.964 of the limit without the lane)."""
+    return max(1, limit - lane_size(limit, share)) * MINUTE / PACE
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,5 +325,5 @@ class Budget:
         self._r.hset(self.key, "key_pause_until", int((self._now() + seconds) * 1000))
 
     def state(self) -> dict[str, float]:
-        """The budget's hash, by the field names of budget.lua's table."""
-        return {str(k): float(v) for k, v in self._r.hgetall(self.key).items()}
+        """The budget's hash, by the field names of budget.lua's table (its counts: the read log aside)."""
+        return {str(k): float(v) for k, v in self._r.hgetall(self.key).items() if k != "read_log"}
