@@ -141,6 +141,19 @@ def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: red
     assert b.take("confirm", slot=later).now  # the next one keeps its slot
 
 
+def test_a_result_read_goes_first_at_a_small_limit_too(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """At 5 reads a minute a line reserved 10 minutes ahead does not hold a finished job's result
+    read back: it takes the next status read's place (the read log keeps the place nobody gives up
+    from ever passing the limit); one place at a time, then the end of the line."""
+    b = budget(rdb, clock, per_minute=5)
+    slots = [clock() + b.take().wait for _ in range(50)]
+    interval = 60 / granted_per_window(5)
+    first = b.take("ahead")
+    assert first.granted and first.wait == pytest.approx(interval, abs=0.01)
+    second = b.take("ahead")  # the first has not given its place back yet: an interval before the next free slot
+    assert second.granted and second.wait == pytest.approx(slots[-1] - clock(), abs=0.01)
+
+
 def test_a_result_read_before_its_reserved_slot_reads_now_where_the_minute_has_room(rdb: redis.Redis,
                                                                                     clock: VirtualClock) -> None:
     """A sweep's hand-over inherits the slot of the step it fenced out (counted in the day then):

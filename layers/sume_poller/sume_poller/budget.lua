@@ -290,12 +290,11 @@ end
 -- ahead: a job known to be finished (its result, or the status read that confirms a list's or a
 -- webhook's word). Where the line is reserved further than an interval ahead, it takes the place of
 -- the line's next status read (counted in the day already; that read goes to the back when it comes
--- to confirm), spaced like that line, one place at a time - not below 20 a minute or a day, which
--- keep no spare read for a place nobody gives up; else one interval before the line.
+-- to confirm), spaced like that line, one place at a time (a place nobody gives up costs one read
+-- the read log holds back, never one past the limit); else one interval before the line.
 function MODES.ahead(c)
   local step = line_step(c)
-  local spare = (c.m_limit == 0 or c.m_limit >= 20) and (c.d_limit <= 0 or c.d_limit >= 20)
-  if step > 0 and spare and c.owed < 1 then
+  if step > 0 and c.owed < 1 then
     local at = math.max(c.now + step, c.st.ahead_next or 0, c.paused)
     if c.exhausted and at < c.sume_reset then at = c.sume_reset end
     at = settle(c, at)

@@ -37,8 +37,8 @@ replies say. The rules:
   read back to back: the log counts them at the take); the lane closes by itself when sweeps stop;
 * **a result read goes first**: while status reads are reserved further ahead than one interval, a
   result read of a job Sume finished takes the place of the next reserved one (whose ``confirm``
-  then sends it to the back of the line); one place at a time, so a place nobody gives up costs
-  at most a read (limits below 20 do not do it);
+  then sends it to the back of the line), at any limit; one place at a time, so a place nobody
+  gives up costs at most one read the log holds back;
 * a request may refuse a slot further than ``max_wait`` away (the schedule's ordering) - nothing is
   then reserved; a reserved slot is checked again when its message comes back (``confirm``); one
   that comes back before its slot (a sweep's hand-over inherits the slot of the step it fenced out)
