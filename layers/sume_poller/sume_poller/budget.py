@@ -240,6 +240,10 @@ class Budget:
     def keys(self) -> list[str]:
         return [self.key, self.lane_key]
 
+    def now(self) -> float:
+        """The limiter's clock (clock seconds)."""
+        return self._now()
+
     def clock_to_real(self, seconds: float) -> float:
         """Real seconds that ``seconds`` of the limiter's clock take."""
         return seconds * self.real_per_clock

@@ -95,16 +95,19 @@ class ReadGate:
     def slot_soon(self, max_wait: float, real_time_left: float) -> bool:
         """A read slot for a read outside a chain (the key check), taken ahead of the line: waited
         for here when it is at most ``max_wait`` clock seconds away and fits ``real_time_left`` (a
-        fraction of a second: cheaper than re-queueing the job, whose next read would cost one more);
-        False, nothing reserved, otherwise."""
+        fraction of a second: cheaper than re-queueing the job, whose next read would cost one more),
+        then confirmed as any reserved read is (the budget's read log counts it when it happens);
+        False, nothing reserved or the confirm not now, otherwise."""
         grant = self.take(Mode.AHEAD, max_wait=max_wait)
         if grant is None or grant.now:
             return True
         wait = self.budget.clock_to_real(grant.wait)
         if not grant.granted or wait > real_time_left:
             return False
+        slot = self.budget.now() + grant.wait
         time.sleep(wait)
-        return True
+        confirmed = self.take(Mode.RCONFIRM, slot=slot)
+        return confirmed is None or confirmed.now
 
     def pace(self) -> float:
         """Redis is down: seconds until this container's next outage slot (reserved)."""
