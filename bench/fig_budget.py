@@ -21,6 +21,17 @@ day of clock time (``--quick``: 20 jobs against 2,000 a day, the same policy at 
 reads); and the baseline, the same pollers with the limiter off (they back off on each 429 until
 its ``Retry-After``), for two minutes.
 
+**Small limits, fixed and sliding windows** (:func:`_window_rows`; ``BENCH_WINDOWS_ONLY=1`` runs
+only these): keys configured at 5, 10 and 120 reads a minute, the simulator enforcing the same and
+counting each window fixed or sliding (the 60 s before each read; Sume's contract does not say which).
+Per limit and kind: served per limit over the whole minutes of an overload as above (``--quick``:
+20 / 20 / 6 clock minutes after 2 of warm-up), and 429s over the attempts of that run and of a
+whole-system run beside it (``bench.fig_discovery.big_run``: figure 9's mix of jobs that finish,
+40 / 60 / 600 pending, sweeps on, every message up to 10 clock seconds late - SQS's whole seconds on
+a clock compressed tenfold). Beside them the day likewise: two days and an hour at 2,000 a day and
+120 a minute, 2 jobs (a morning's burst down to a small reserve), against a fixed and a sliding day:
+the most reads in any 24 hours (information).
+
 **The whole system** (:func:`system_run`): the field report that motivated the limiter - 60 short jobs (30 clock
 seconds, two phases, no hints) submitted at once on the in-process stack (the template's
 handlers on moto server, a real redis-server) against a simulator that enforces 40 reads a
@@ -45,7 +56,7 @@ from typing import Any
 
 from bench import SCRATCH
 from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to, make_poller, virtual_poll_settings
-from bench.report import Row, target_row
+from bench.report import Row, info_row, target_row
 from sume_poller.clock import Clock
 
 DAY = 86_400
@@ -293,6 +304,7 @@ def _window_rows(redis_url: str, quick: bool) -> list[Row]:
                              f"{system.handed_over} hand-overs)",
                              f"most reads in any 60 s of the overload: {most_in_a_minute(run.read_at)} "
                              f"(limit {limit})"))
+    rows.append(_day_row(redis_url))
     rows[0].notes.append(
         "virtual clock, the real poller and gate on a real redis-server, the simulator counting each window fixed "
         "([k*60, (k+1)*60)) or sliding ((t-60, t] before each read); served per limit is the mean over the whole "
@@ -300,6 +312,32 @@ def _window_rows(redis_url: str, quick: bool) -> list[Row]:
         f"{', '.join(str(p) for *_, p in WINDOW_RUNS.values())} jobs pending, sweeps on, messages up to "
         f"{SYSTEM_LAG:.0f} clock s late)")
     return rows
+
+
+def _day_row(redis_url: str) -> Row:
+    """The day likewise: two days and an hour of 2 jobs wanting a read every 2 s at 120 a minute and
+    2,000 a day (a morning's burst at the minute's pace down to a small reserve, then the day's pace),
+    against a Sume whose day is fixed and one whose day slides: the most reads in any 24 hours."""
+    runs = {kind: policy_run(redis_url, jobs=2, seconds=2 * DAY + 3_600, per_minute=120, per_day=2_000,
+                             windows=kind) for kind in ("fixed", "sliding")}
+
+    def most_in_a_day(times: list[float]) -> int:
+        ordered, most, first = sorted(times), 0, 0
+        for last, t in enumerate(ordered):
+            while ordered[first] <= t - DAY:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
+
+    def refused(run: RunResult) -> tuple[int, int]:  # over the day windows: every attempt is in one
+        days = run.windows["86400"]
+        return sum(w["refused"] for w in days), sum(w["attempts"] for w in days)
+
+    text = {kind: f"{kind}: most in any 24 h {most_in_a_day(r.read_at)} of 2,000, 429s {refused(r)[0]} of "
+            f"{refused(r)[1]}" for kind, r in runs.items()}
+    worst = max(most_in_a_day(r.read_at) for r in runs.values()) / 2_000
+    return info_row("8 budget day window fixed / sliding: most reads in any 24 h / the day's limit (2 days)",
+                    "; ".join(text.values()), "the limit (2,000 a day)", worst)
 
 
 # -- the whole system -------------------------------------------------------------------------------
