@@ -16,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sume_poller.budget import (
+from sume_poller.limits.budget import (
     BUDGET_LUA,
     FEEDBACK,
     TAKE,
@@ -27,9 +27,9 @@ from sume_poller.budget import (
     granted_per_window,
     lane_burst,
 )
-from sume_poller.gate import GATE, ReadGate
-from sume_poller.lease import CLAIM_ARGS, Claim, LeaseStore, Step, new_nonce, new_token
-from sume_poller.pacer import LocalPacer
+from sume_poller.limits.gate import GATE, ReadGate
+from sume_poller.limits.lease import CLAIM_ARGS, Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.pacer import LocalPacer
 
 pytestmark = pytest.mark.integration
 
