@@ -329,5 +329,8 @@ class Budget:
         self._r.hset(self.key, "key_pause_until", int((self._now() + seconds) * 1000))
 
     def state(self) -> dict[str, float]:
-        """The budget's hash, by the field names of budget.lua's table (its counts: the read log aside)."""
-        return {str(k): float(v) for k, v in self._r.hgetall(self.key).items() if k != "read_log"}
+        """The budget's hash, by the field names of budget.lua's table (its counts: the read log aside),
+        from a client that decodes replies or one that does not."""
+        fields = {k.decode() if isinstance(k, bytes) else str(k): v for k, v in self._r.hgetall(self.key).items()}
+        fields.pop("read_log", None)
+        return {k: float(v) for k, v in fields.items()}
