@@ -356,6 +356,30 @@ def test_another_client_of_the_key_is_noticed_and_a_read_kept_in_reserve(rdb: re
     assert b.take(mode="confirm", slot=clock()).wait >= 20.0 - 0.01  # the last read stays in reserve
 
 
+def test_what_another_client_spends_of_sume_s_minute_is_kept_out_of_the_read_log(rdb: redis.Redis,
+                                                                                 clock: VirtualClock) -> None:
+    """Sume says 3 of 10 are left in its minute where the read log holds 3 of ours: another client
+    spent 4, so the log holds at most 6 of ours - the seventh read waits for the log's room though
+    the line has its slot - until a reply shows the other client gone."""
+    b = budget(rdb, clock, per_minute=10)
+    interval = 60 / granted_per_window(10) + 0.01  # a line slot each time (the clock in ms)
+    reads = []
+    for _ in range(3):
+        assert b.take(max_wait=0.0).now
+        reads.append(clock())
+        clock.advance(interval)
+    b.feedback(RateInfo(limit=10, remaining=3, reset=1.0, policy=((60, 10),)))  # sliding: one leaves in 1 s
+    assert b.state()["other_reads"] == 4
+    for _ in range(3):
+        assert b.take(max_wait=0.0).now
+        reads.append(clock())
+        clock.advance(interval)
+    held = b.take(max_wait=0.0)
+    assert not held.granted and clock() + held.wait >= reads[0] + 61  # once the first of ours leaves the log
+    b.feedback(RateInfo(limit=10, remaining=8, reset=1.0, policy=((60, 10),)))  # the other client stopped
+    assert b.state()["other_reads"] == 0 and b.take(max_wait=0.0).now
+
+
 def test_low_remaining_slows_every_reader_down_to_fit_the_window(rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120)
     b.feedback(RateInfo(limit=120, remaining=10, reset=30.0))

@@ -15,7 +15,9 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   key_pause_until   Sume refused the key: no slot before it
 --   sume_left         what Sume said is left in its window with the least left...
 --   sume_reset        ...and when that window resets
---   other_until       another client was seen spending the key until then: one read kept in reserve
+--   other_until       another client was seen spending the key until then: one read kept in reserve...
+--   other_reads       ...and the reads of Sume's last minute that were not ours, as its last reply showed
+--                     (the read log keeps that many fewer)
 --   learned_minute    limits Sume's headers taught, when below the configured ones
 --   learned_day
 --   pending           pending jobs as fan-out counted them (the day reserve's scale; pending.py)
@@ -32,8 +34,8 @@ local MINUTE, DAY, KEEP = 60000, 86400000, 172800000   -- ms; KEEP: the state ou
 --   minute_tat        the lane's own line, a minute's pace...
 --   day_tat           ...and the day's: the lane's share of the day, evenly (the line gets the rest)
 local FIELDS = {'minute_tat', 'day_used', 'day_next', 'day_reset', 'pause_until', 'key_pause_until', 'sume_left',
-                'sume_reset', 'other_until', 'learned_minute', 'learned_day', 'pending', 'owed', 'ahead_next',
-                'early_tat'}  -- and read_log, a string
+                'sume_reset', 'other_until', 'other_reads', 'learned_minute', 'learned_day', 'pending', 'owed',
+                'ahead_next', 'early_tat'}  -- and read_log, a string
 
 local function load(key, fields)
   local values, state = redis.call('HMGET', key, unpack(fields)), {}
@@ -72,10 +74,19 @@ local function log_of(text)
   return log
 end
 
+-- Reads of the log a window of `span` ending at `now` may hold (every bucket that ends after its start).
+local function log_count(log, now, span)
+  local counted = 0
+  for i = #log, 1, -1 do
+    if (log[i][1] + 1) * BUCKET_MS <= now - span then break end
+    counted = counted + log[i][2]
+  end
+  return counted
+end
+
 -- The earliest time from `at` at which n more reads keep every SLIDE_MS span at most `limit`: a read
 -- at t counts every bucket that ends after t - SLIDE_MS; nil: n is above the limit itself.
 local function log_room(log, at, n, limit)
-  if limit <= 0 then return at end
   if n > limit then return nil end
   local counted = 0
   for i = #log, 1, -1 do
@@ -163,14 +174,17 @@ local function budget_state(key, lane_key, now, max_wait, early, cfg_m, cfg_d, s
                 and now < c.sume_reset
   c.owed = c.st.owed or 0
   c.log = log_of(redis.call('HGET', key, 'read_log'))
+  -- what the log may hold: the minute's limit, less what another client of the key spends of it
+  local other = ((c.st.other_until or 0) > now) and (c.st.other_reads or 0) or 0
+  c.log_limit = math.max(1, c.m_limit - other)
   return c
 end
 
 -- When a read at the slot `at` may happen: a slot within `early` is now, unless the read log's span
 -- holds the limit already - then at the log's room (nil: never, more reads at once than the limit).
 local function settle(c, at)
-  if at - c.now > c.early then return at end
-  local room = log_room(c.log, c.now, c.count, c.m_limit)
+  if at - c.now > c.early or c.m_limit <= 0 then return at end
+  local room = log_room(c.log, c.now, c.count, c.log_limit)
   return room and math.max(at, room)
 end
 

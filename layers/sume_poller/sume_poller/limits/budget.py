@@ -49,7 +49,8 @@ replies say. The rules:
   limits, ``-Remaining``/``-Reset`` what is left of Sume's window and when it next grows - a fixed
   window's end, or a sliding one's oldest request leaving it: either way no read before then once
   none is left (one is kept in reserve once Sume counts fewer left than our grants explain: another
-  client spends the key); a day window's reply sets how much of it is spent, so a day that slides
+  client spends the key - and what it spent of Sume's last minute, Sume's count less the read log's,
+  is kept out of the log); a day window's reply sets how much of it is spent, so a day that slides
   is followed reply by reply; a 429's ``Retry-After`` pauses every read until then, a refused key
   pauses them all.
 

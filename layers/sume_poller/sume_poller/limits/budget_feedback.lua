@@ -33,11 +33,20 @@ if window ~= '' and remaining >= 0 then
     redis.call('HSET', key, 'sume_left', remaining, 'sume_reset', now + reset_ms)
   end
   if window == 'm' then  -- what is left must last the minute: the line starts no earlier than that
+    local limit = limit_of(per_minute, st.learned_minute)
     local ln = load(lane_key, {'open_until', 'share'})
     local share = ((ln.open_until or 0) > now) and (ln.share or 0) or 0
-    local t, tau = minute_window(limit_of(per_minute, st.learned_minute), share)
+    local t, tau = minute_window(limit, share)
     if t > 0 then
       redis.call('HSET', key, 'minute_tat', math.max(st.minute_tat or 0, now + reset_ms + tau - remaining * t))
+    end
+    -- Sume counted limit - remaining in its minute; ours are in the read log (those still on their way
+    -- to Sume too: an estimate on the low side). The rest is another client's, kept out of the log.
+    local other = limit - remaining - log_count(log_of(redis.call('HGET', key, 'read_log')), now, MINUTE)
+    if other > 0 then
+      redis.call('HSET', key, 'other_reads', other, 'other_until', math.max(st.other_until or 0, now + 600000))
+    elseif (st.other_reads or 0) > 0 then
+      redis.call('HSET', key, 'other_reads', 0)
     end
   else  -- Sume's day window: when it ends, and how much of it is spent (by us and anyone else)
     local limit = limit_of(per_day, st.learned_day)
