@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     failing = [r for r in results if r[3]]
     ends = Counter(r[2] for r in results)
     for seed, _, _, found, _, _, _ in failing[:50]:
-        print(f"seed {seed}: {len(found)} violation(s); replay: make sim-run SEED={seed}")
+        print(f"seed {seed}: {len(found)} violation(s); replay: make simulation SEED={seed}")
         for line in found[:3]:
             print(f"    {line[:300]}")
     if len(failing) > 50:

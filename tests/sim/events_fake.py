@@ -66,6 +66,8 @@ class EventsWorld:
     faults: Any
     accepted: list[Accepted] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    #: Told of each attempt: (job id, what happened to it).
+    observers: list[Any] = field(default_factory=list)
     _open: dict[int, Call] = field(default_factory=dict)
 
     def client(self, config: Any) -> Any:
@@ -113,6 +115,8 @@ class EventsWorld:
         if call is not None:
             call.attempts += 1
         fault = self.faults.pick("events", ("refuse", "throttle", "timeout", "accept_timeout"))
+        for observer in self.observers:
+            observer(job_id, f"PutEvents attempt {call.attempts if call else '?'}: {fault or 'accepted'}")
         if fault in ("timeout", "accept_timeout"):
             if fault == "accept_timeout":
                 self._accept(job_id, detail, call)

@@ -20,8 +20,10 @@ no other:
                     except a window that overlaps a Redis outage, which may see what the shared limiter
                     granted plus what each container's outage pacer grants a minute.
 ``deadline``        every job Sume created for us is recorded, terminal, with its outbox done, by its
-                    deadline plus the lag of delivering its step due then: one visibility timeout, and one
-                    more for each delivery of its messages that failed (a crash, a timeout, an error).
+                    deadline plus the lag of delivering its step due then: one visibility timeout, one
+                    more for each delivery of its messages that failed (a crash, a timeout, an error),
+                    and the start lease's life plus a fan-out period for each invocation that died while
+                    working on it (its chain may be lost: fan-out starts another once that lease expires).
 ``dlq``             nothing in a dead-letter queue (the simulation sends no poison).
 ``submissions``     every submission ends created or rejected; none is left queued.
 ``crash``           no actor ends with an exception the function would not catch (a handler crash).
@@ -77,14 +79,18 @@ class Checker:
         self.holds: dict[tuple[int, str], float] = {}
         self.in_flight: dict[str, dict[int, tuple[Any, str, float]]] = defaultdict(dict)
         self.failed_deliveries: dict[str, int] = defaultdict(int)
-        #: (actor, job) -> whether its terminal write won.
+        #: Invocations killed while they worked on a job (each may have left it without a chain).
+        self.kills: dict[str, int] = defaultdict(int)
+        #: (actor, job) -> whether its terminal write won; the (actor, job) whose fence lost.
         self.terminal_writes: dict[tuple[int, str], bool] = {}
+        self.fence_losses: set[tuple[int, str]] = set()
         world.redis.observers.append(self._redis)
         world.ddb.observers.append(self._write)
         world.ddb.update_observers.append(self._update)
         world.sume.watch.append(self._read)
         world.sqs.observers.append(self._sent)
         world.delivery_failed.append(self._delivery_failed)
+        world.events.observers.append(self.note)
         world.sched.on_kill = self._killed
         self.touched: dict[int, set[str]] = defaultdict(set)
 
@@ -102,6 +108,7 @@ class Checker:
 
     def _killed(self, inv: Any) -> None:
         for job in sorted(self.touched.get(id(inv), ())):
+            self.kills[job] += 1
             self.history[job].append((self.world.sched.now, inv.name, f"invocation killed ({inv.reason})"))
 
     def _redis(self, actor: Any, name: str, args: list[str]) -> None:
@@ -117,8 +124,12 @@ class Checker:
         actor = self.world.sched.current
         if actor is None:
             return
-        if "fence_token" in sets and won:
-            self.holds[(id(actor), job)] = self.world.sched.now
+        if "fence_token" in sets:
+            self.note(job, f"fence {'won' if won else 'lost'}")
+            if won:
+                self.holds[(id(actor), job)] = self.world.sched.now
+            else:
+                self.fence_losses.add((id(actor), job))
         if "terminal_at" in sets:
             self.terminal_writes[(id(actor), job)] = won
             if not won:
@@ -255,7 +266,8 @@ class Checker:
         terminal_at = _n(record, "terminal_at") or 0.0
         if terminal_at > deadline + self._lag(job):
             self.fail("deadline", job, f"recorded {terminal_at - deadline:.0f} s after its deadline (allowed "
-                      f"{self._lag(job):.0f} s: {self.failed_deliveries[job]} failed deliveries)")
+                      f"{self._lag(job):.0f} s: {self.failed_deliveries[job]} failed deliveries, "
+                      f"{self.kills[job]} invocations killed on it)")
         if complete and record.get("event_pending"):
             self.fail("one-event", job, "the outbox is not finished (event_pending) at the end")
         key = _s(record, "result_s3_key")
@@ -267,9 +279,16 @@ class Checker:
                 self.fail("result", job, f"the result object {key} was never claimed (tags {stored.tags})")
 
     def _lag(self, job: str) -> float:
+        """How late past its deadline a job may be recorded: its step due then delivered one visibility
+        timeout late, one more per delivery of its messages that failed, and - per invocation killed on
+        it, which may have left it without a chain (a submit that died between taking the chain's lease
+        and sending its first message) - the start lease's life plus a fan-out period, after which
+        fan-out starts a chain again."""
         from .plan import VISIBILITY
 
-        return VISIBILITY * (1 + self.failed_deliveries[job])
+        settings = self.world.fanout_settings
+        restart = settings.lease.start_ttl + settings.period
+        return VISIBILITY * (1 + self.failed_deliveries[job]) + restart * self.kills[job]
 
     def _events(self, records: dict[str, dict[str, Any]]) -> None:
         world = self.world
@@ -310,8 +329,10 @@ class Checker:
         body = task[0].get("body") if task and isinstance(task[0], dict) else None
         if body and '"phase":"outbox"' in body:
             return "1a: fan-out's outbox message settled beside the chain that won"
-        if self.terminal_writes.get((id(actor), job)) is False:
-            return "1c: a loser of the terminal write published too"
+        if not self.terminal_writes.get((id(actor), job)):
+            how = ("lost the terminal write" if (id(actor), job) in self.terminal_writes else
+                   "lost the fence" if (id(actor), job) in self.fence_losses else "found the job recorded")
+            return f"1c: a step that {how} settled the outbox and published too"
         return ""
 
     def _budget(self) -> None:

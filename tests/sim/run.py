@@ -32,7 +32,7 @@ class Result:
 
 
 def replay_command(seed: int) -> str:
-    return f"make sim-run SEED={seed}"
+    return f"make simulation SEED={seed}"
 
 
 def run(seed: int, *, plan: Plan | None = None) -> Result:
