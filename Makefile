@@ -5,8 +5,9 @@
 #   make setup             the virtualenvs (uv's, then the four others in parallel) and redis-server
 #   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline)
 #   make build             sam build
-#   make test              lint, build and the unit, integration and e2e tiers, all at once
-#                          (each logged to .scratch/logs/<step>.log, printed as it finishes)
+#   make test              lint, the docs, build and the unit, integration and e2e tiers, all at
+#                          once (each logged to .scratch/logs/<step>.log, printed as it finishes)
+#   make docs              the documentation site (docs/, mkdocs.yml), built strictly into .scratch/site
 #   make test-unit | test-integration | test-e2e
 #   make demo              jobs through template.yaml deployed into ministack (DEMO_ARGS="--backend
 #                          inprocess --jobs 100 --time-scale 0.05 --param ReadsPerMinute=600")
@@ -16,8 +17,11 @@
 #   make simulation        the interleaving simulation (tests/sim): SCHEDULES schedules from seed FIRST
 #                          (default 1000 from 1; WORKERS processes), or SEED=1234 to replay one step by step
 #   make status | models | redrive   a deployed stack: counts, the learned model per kind, DLQ
-#                          redrive (STACK=name, CONFIG_ENV=default|dev|prod; with
+#                          redrive (DLQ=poll|terminal-queue|terminal-target; STACK=name,
+#                          CONFIG_ENV=default|dev|prod; with
 #                          AWS_ENDPOINT_URL=... against ministack)
+#   make migrate-keys      the key configuration's inline secrets moved to secrets of their own
+#                          (then FINISH=1 after deploying; README "Many keys")
 #   make logs FN=PollFunction   sam logs of a deployed stack's function
 #   make clean
 PYTHON  ?= python3.11
@@ -43,8 +47,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # tier alone about 55 of its 266 CPU-seconds.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-dev setup-e2e setup-lint redis lint build test test-unit test-integration test-e2e demo bench invoke sim status \
-        models redrive logs clean simulation
+.PHONY: setup setup-dev setup-e2e setup-lint redis lint docs build test test-unit test-integration test-e2e demo bench invoke sim status \
+        models redrive migrate-keys logs clean simulation
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
 # $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, installs with uv (log in
@@ -75,6 +79,10 @@ $(CKVENV)/.installed: scripts/requirements-checkov.txt $(UVVENV)/.installed
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
 	@MARK=.bench-installed ./scripts/venv.sh $(VENV) $(PYTHON) "-r bench/requirements.txt" $^
 
+# The documentation site's packages (mkdocs and its Material theme), only for make docs and make test.
+$(VENV)/.docs-installed: scripts/requirements-docs.txt $(VENV)/.installed
+	@MARK=.docs-installed ./scripts/venv.sh $(VENV) $(PYTHON) "-r scripts/requirements-docs.txt" $^
+
 setup:
 	@$(MAKE) --no-print-directory -j4 $(VENVS) redis
 
@@ -87,6 +95,12 @@ lint: $(VENV)/.installed $(SAMVENV)/.installed $(CKVENV)/.installed
 	$(VENV)/bin/mypy
 	$(SAM) validate --lint
 	$(CKVENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
+
+# Strict: a link to a missing page or anchor, or a page missing from the nav, fails the build
+# (mkdocs.yml's validation). Not --quiet: mkdocs 1.6 then stops counting warnings, and strict mode
+# passes a broken link. NO_MKDOCS_2_WARNING: Material's banner about its successor, not about us.
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # SUME_UV: the layer's Makefile installs its packages with uv (see layers/sume_poller/Makefile).
 build: $(SAMVENV)/.installed
@@ -101,15 +115,15 @@ test-integration: $(VENV)/.installed redis
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -m e2e
 
-# The checks and all three tiers run at once, each into its own log, printed when it finishes.
-# Each starts as soon as what it needs is installed, in three chains side by side: unit and
-# integration once .venv is in (the critical path: the integration tier is CPU-bound); build
-# and e2e once the SAM and ministack virtualenvs are (installed at a lower CPU priority: the e2e
-# tier mostly waits on deployed Lambdas, so it has slack); lint once checkov's is (its install
-# mostly waits on the package index, so it starts at once). (e2e builds the template itself,
-# into a directory of its own.)
+# The checks (lint, the docs site) and all three tiers run at once, each into its own log,
+# printed when it finishes. Each starts as soon as what it needs is installed, in three chains
+# side by side: unit and integration once .venv is in (the critical path: the integration tier is
+# CPU-bound); build and e2e once the SAM and ministack virtualenvs are (installed at a lower CPU
+# priority: the e2e tier mostly waits on deployed Lambdas, so it has slack); lint and the docs
+# once checkov's and the docs packages are (those installs mostly wait on the package index, so
+# they start at once). (e2e builds the template itself, into a directory of its own.)
 test: redis
-	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint simulation
+	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs simulation
 
 setup-dev: $(VENV)/.installed
 
@@ -117,7 +131,7 @@ setup-e2e:
 	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
 
 setup-lint:
-	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(CKVENV)/.installed
+	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(CKVENV)/.installed $(VENV)/.docs-installed
 
 # -- running it --------------------------------------------------------------------------------
 demo: setup
@@ -150,7 +164,11 @@ models: $(VENV)/.installed
 	$(PYRUN) -m tools.ops models --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
 
 redrive: $(VENV)/.installed
-	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
+	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK)) $(if $(DLQ),--dlq $(DLQ))
+
+# The key configuration's inline secrets to secrets of their own (FINISH=1 after deploying; README "Many keys").
+migrate-keys: $(VENV)/.installed
+	$(PYRUN) -m tools.ops migrate-keys --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK)) $(if $(FINISH),--finish)
 
 logs: $(SAMVENV)/.installed
 	$(SAM) logs --config-env $(CONFIG_ENV) -n $(FN) $(if $(STACK),--stack-name $(STACK)) $(LOGS_ARGS)

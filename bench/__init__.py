@@ -1,8 +1,8 @@
 """Benchmarks of sume-poller: ``python -m bench`` (or ``make bench``).
 
 Every figure is a ratio measured side by side against its baseline in the same run, because
-absolute times on a small shared machine are noise. See ``python -m bench --help`` and the
-README section "Benchmarks".
+absolute times on a small shared machine are noise. See ``python -m bench --help`` and
+``docs/benchmarks.md``.
 """
 
 from __future__ import annotations

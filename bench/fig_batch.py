@@ -4,7 +4,7 @@ The same kind of batch - ten chain messages of jobs that are not terminal, the c
 claim + read slot, Sume read, lease rest, re-queue to the poll queue on moto - through:
 
 * the poll function's handler as deployed (``functions/poll/app.py``: Powertools Logger and
-  Metrics, :class:`sume_poller.batch.BatchRunner` - records on worker threads under one
+  Metrics, :class:`sume_poller.poll.batch.BatchRunner` - records on worker threads under one
   deadline, the re-queues of the whole batch sent together in one ``SendMessageBatch``);
 * Powertools' ``BatchProcessor`` (records one after another), each record's next message sent
   as the record finishes;
@@ -37,9 +37,9 @@ BATCH = 10
 def _records(svc: Services, tag: str) -> list[dict[str, Any]]:
     """Ten jobs running in Sume, recorded and their chains started as submit does; their first
     messages, due now, as Lambda's SQS event source delivers them."""
-    from sume_poller.lease import LeaseStore, new_token
-    from sume_poller.messages import PollMessage
-    from sume_poller.store import JobStore
+    from sume_poller.core.messages import PollMessage
+    from sume_poller.limits.lease import LeaseStore, new_token
+    from sume_poller.store.records import JobStore
 
     settings = svc.settings()
     now = settings.common.clock.now()
@@ -69,8 +69,8 @@ def _processors(svc: Services) -> dict[str, Callable[[dict[str, Any]], dict[str,
     )
 
     from sume_poller import runtime
-    from sume_poller.messages import parse_message
-    from sume_poller.step import Deadline
+    from sume_poller.core.messages import parse_message
+    from sume_poller.poll.step import Deadline
 
     runner = runtime.poll_runner()
     poller, queue = runner.pollers(None), runner.queue  # the default key's

@@ -6,8 +6,8 @@ Two parts, each against the same runs with the limiter off.
 part is about a policy at a scale real time cannot reach in minutes (a day of Sume's daily
 budget). The driver only plays SQS and Lambda: it keeps the chains' messages in a heap by due
 time, sets the clock to each message's time and hands it to the real
-:class:`sume_poller.poller.Poller` - its read gate (the lease claim and the budget take in one
-Lua script on a real redis-server), the budget (:class:`sume_poller.budget.Budget`, clock times
+:class:`sume_poller.poll.poller.Poller` - its read gate (the lease claim and the budget take in one
+Lua script on a real redis-server), the budget (:class:`sume_poller.limits.budget.Budget`, clock times
 passed as ``now``, fed back Sume's ``RateLimit`` headers exactly when ``RateInfo.worth_telling``
 says so), its reservations and confirmations, and the real Sume client over HTTP to the
 simulator, whose fixed budget windows run on the same virtual clock (``SumeSimulator(clock=...)``).
@@ -45,7 +45,7 @@ from typing import Any
 from bench import SCRATCH
 from bench.harness import CallCounter, DetachedQueue, counting_client, layer_logs_to, make_poller, virtual_poll_settings
 from bench.report import Row, target_row
-from sume_poller.clock import Clock
+from sume_poller.core.clock import Clock
 
 DAY = 86_400
 START = 20_800 * DAY  # a day boundary (virtual): the run starts with a minute and a day window
@@ -97,12 +97,12 @@ class RunResult:
 
 def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, per_day: int, limiter: bool = True,
         other_share: float = 0.0) -> RunResult:
-    from sume_poller.budget import Budget
-    from sume_poller.lease import LeaseStore, new_token
-    from sume_poller.messages import PollMessage, parse_message
-    from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
-    from sume_poller.step import Deadline
-    from sume_poller.sume import SumeClient
+    from sume_poller.config.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
+    from sume_poller.core.messages import PollMessage, parse_message
+    from sume_poller.limits.budget import Budget
+    from sume_poller.limits.lease import LeaseStore, new_token
+    from sume_poller.poll.step import Deadline
+    from sume_poller.sume.client import SumeClient
     from tools.sume_sim import SumeSimulator
 
     clock = VirtualClock(START)
@@ -160,7 +160,7 @@ def policy_run(redis_url: str, *, jobs: int, seconds: float, per_minute: int, pe
 
 
 def _rate(per_minute: int, per_day: int) -> float:
-    from sume_poller.budget import granted_per_window
+    from sume_poller.limits.budget import granted_per_window
 
     rates = [granted_per_window(n) / span for n, span in ((per_minute, 60), (per_day, DAY)) if n > 0]
     return min(rates)

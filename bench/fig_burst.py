@@ -3,14 +3,14 @@
 300 submissions at once on one key whose create limits are Sume's documented ones (10 a minute,
 300 a day), the simulator enforcing the same on its own fixed windows. Figure 8's method: a
 discrete-event run on a virtual clock (the burst takes about 40 clock minutes). The driver plays
-SQS and Lambda only: it invokes the real :class:`sume_poller.submit.Submitter` for each submission
+SQS and Lambda only: it invokes the real :class:`sume_poller.creates.submit.Submitter` for each submission
 and keeps the create queue's messages (the drains' steps, sent through the real
-:class:`~sume_poller.queue.PollQueue`, delays rounded up to SQS's whole seconds) in a heap by due
-time, sets the clock to each one's time and hands it to the real :class:`sume_poller.drain.Drainer`
-- the create budget (:class:`sume_poller.budget.Budget`'s Lua script on a real redis-server, clock
-times passed as ``now``), the drain lease (:mod:`sume_poller.lease` on the same server) and the real
+:class:`~sume_poller.store.queue.PollQueue`, delays rounded up to SQS's whole seconds) in a heap by due
+time, sets the clock to each one's time and hands it to the real :class:`sume_poller.creates.drain.Drainer`
+- the create budget (:class:`sume_poller.limits.budget.Budget`'s Lua script on a real redis-server, clock
+times passed as ``now``), the drain lease (:mod:`sume_poller.limits.lease` on the same server) and the real
 Sume client over HTTP to the simulator, whose budget windows run on the same virtual clock. The
-job table is an in-memory stand-in keeping :class:`sume_poller.store.JobStore`'s conditions (put
+job table is an in-memory stand-in keeping :class:`sume_poller.store.records.JobStore`'s conditions (put
 if absent, settle while queued by that item, the queue in arrival order): DynamoDB's part is
 covered by the integration tier (tests/integration/test_create_queue.py). The queue deadline is
 three hours (long enough for the burst). The chains the created jobs start are not run (their
@@ -38,8 +38,8 @@ from typing import Any
 from bench import SCRATCH
 from bench.harness import layer_logs_to
 from bench.report import Row
-from sume_poller.clock import Clock
-from sume_poller.queue import Outgoing, PollQueue
+from sume_poller.core.clock import Clock
+from sume_poller.store.queue import Outgoing, PollQueue
 
 DAY = 86_400
 START = 20_900 * DAY + 60  # a minute into a UTC day: the whole burst falls in one day window
@@ -82,7 +82,7 @@ class CountingQueue(PollQueue):
 
 
 class MemStore:
-    """The job table in memory, with :class:`sume_poller.store.JobStore`'s conditions."""
+    """The job table in memory, with :class:`sume_poller.store.records.JobStore`'s conditions."""
 
     def __init__(self) -> None:
         self.items: dict[str, dict[str, Any]] = {}
@@ -104,7 +104,7 @@ class MemStore:
         return dict(item) if item else None
 
     def submission(self, key_id: str, idempotency_key: str) -> dict[str, Any] | None:
-        from sume_poller.createqueue import submission_id
+        from sume_poller.store.submissions import submission_id
 
         return self.get(submission_id(key_id, idempotency_key))
 
@@ -145,14 +145,14 @@ def burst_run(redis_url: str, n: int) -> dict[str, Any]:
     """One burst of ``n`` submissions at once; what happened to each, the simulator's counts."""
     import redis as redis_lib
 
-    from sume_poller.budget import NO_DAY_RESERVE, Budget, LocalPacer
-    from sume_poller.createqueue import DrainMessage
-    from sume_poller.drain import Drainer
-    from sume_poller.keys import Limits, SumeKey
-    from sume_poller.lease import LeaseStore
-    from sume_poller.settings import SubmitSettings
-    from sume_poller.submit import CreateBudgetExhausted, SubmitKey, Submitter
-    from sume_poller.sume import SumeClient
+    from sume_poller.config.keys import Limits, SumeKey
+    from sume_poller.config.settings import SubmitSettings
+    from sume_poller.creates.createqueue import DrainMessage
+    from sume_poller.creates.drain import Drainer
+    from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, Submitter
+    from sume_poller.limits.budget import NO_DAY_RESERVE, Budget, LocalPacer
+    from sume_poller.limits.lease import LeaseStore
+    from sume_poller.sume.client import SumeClient
     from tools.sume_sim import SumeSimulator
 
     clock = VirtualClock(START)

@@ -234,7 +234,7 @@ def _where(c: Capacity, at: Probe | None) -> str:
     """Where the reads and the delay go in one probe."""
     if at is None:
         return "no probe"
-    from sume_poller.coverage import is_canary
+    from sume_poller.discovery.coverage import is_canary
 
     r = at.result
     by: dict[str, list[JobFacts]] = {}
@@ -402,7 +402,7 @@ def _webhook_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
                      f"{r.describe()}; found by {dict(r.found_by)}", "every completion known for free: 1.00", ok=ok,
                      figure=f"10 webhooks, {HOOK_LOSS:.0%} of deliveries lost, {rate:,.0f} jobs a day: reads per "
                             "finished job")
-    from sume_poller.coverage import is_canary
+    from sume_poller.discovery.coverage import is_canary
 
     groups: dict[str, list[int]] = {}
     for job_id, j in r.jobs.items():

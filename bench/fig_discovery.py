@@ -261,7 +261,7 @@ class _MemoryStore:
         self.records: dict[str, dict[str, Any]] = {}
         self.pending = 0
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int) -> None:
@@ -277,7 +277,7 @@ class _MemoryStore:
         return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
     def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
-        from sume_poller.store import TerminalWrite
+        from sume_poller.store.records import TerminalWrite
 
         record = self.records.get(job_id)
         if record is None or record["status"] != "pending":
@@ -389,18 +389,18 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
 
     from bench.fig_budget import START, VirtualClock
     from bench.harness import DetachedQueue, make_poller, virtual_poll_settings
-    from sume_poller.budget import Budget
-    from sume_poller.coverage import CoverageStore, CoverageView
-    from sume_poller.jobs import canonical_terminal_status
-    from sume_poller.lease import LeaseStore, new_token
-    from sume_poller.messages import PollMessage, parse_message
-    from sume_poller.queue import Outgoing, PollQueue
-    from sume_poller.redisconn import connect
-    from sume_poller.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
-    from sume_poller.step import Deadline
-    from sume_poller.sume import SumeClient
-    from sume_poller.sweep import Sweeper, SweepSettings
-    from sume_poller.webhook import WebhookReceiver
+    from sume_poller.config.settings import BudgetSettings, DiscoverySettings, ScheduleSettings
+    from sume_poller.core.jobs import canonical_terminal_status
+    from sume_poller.core.messages import PollMessage, parse_message
+    from sume_poller.discovery.coverage import CoverageStore, CoverageView
+    from sume_poller.discovery.sweep import Sweeper, SweepSettings
+    from sume_poller.discovery.webhook import WebhookReceiver
+    from sume_poller.limits.budget import Budget
+    from sume_poller.limits.lease import LeaseStore, new_token
+    from sume_poller.limits.redisconn import connect
+    from sume_poller.poll.step import Deadline
+    from sume_poller.store.queue import Outgoing, PollQueue
+    from sume_poller.sume.client import SumeClient
     from tools.sume_sim import SumeSimulator
 
     day = 86_400

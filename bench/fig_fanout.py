@@ -1,6 +1,6 @@
 """Figure 5: fan-out over N pending jobs of which K hold a live lease.
 
-The real :class:`sume_poller.fanout.FanOut` (the template's pending index on DynamoDB, the
+The real :class:`sume_poller.poll.fanout.FanOut` (the template's pending index on DynamoDB, the
 real LeaseStore and read budget on Redis, the real PollQueue) against a fresh queue per trial;
 between trials the chains it started are removed again (the K leases stay):
 
@@ -46,7 +46,7 @@ def _clients(url: str) -> tuple[Any, Any]:
     """SQS and DynamoDB clients on ``url`` with the project's client config (timeouts, retries)."""
     import boto3
 
-    from sume_poller.aws import CLIENT_CONFIG
+    from sume_poller.core.aws import CLIENT_CONFIG
 
     session = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
                                     region_name="us-east-1")
@@ -55,12 +55,12 @@ def _clients(url: str) -> tuple[Any, Any]:
 
 
 def _run(endpoint: Endpoint, ids: list[str], leased: set[str], svc: Services, trials: int) -> dict[str, Any]:
-    from sume_poller.fanout import FanOut
-    from sume_poller.lease import LeaseStore, new_token
-    from sume_poller.messages import PollMessage
-    from sume_poller.queue import PollQueue
-    from sume_poller.settings import FanOutSettings
-    from sume_poller.store import JobStore
+    from sume_poller.config.settings import FanOutSettings
+    from sume_poller.core.messages import PollMessage
+    from sume_poller.limits.lease import LeaseStore, new_token
+    from sume_poller.poll.fanout import FanOut
+    from sume_poller.store.queue import PollQueue
+    from sume_poller.store.records import JobStore
     from sume_poller.wiring.shared import reads_budget
 
     settings = FanOutSettings.from_env(os.environ)

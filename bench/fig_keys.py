@@ -2,13 +2,13 @@
 
 One driver (:class:`Deployment`) plays Lambda and SQS on a virtual clock around the layer's own
 parts, wired as :mod:`sume_poller.wiring.poll` and :mod:`sume_poller.wiring.fanout` wire them: a
-:class:`~sume_poller.keys.KeyRing` read from a key configuration (one entry per key, its limits),
-the poll function's :class:`~sume_poller.batch.BatchRunner` over per-key pollers
-(:class:`~sume_poller.keys.PerKey`: each key's read budget under its own Redis key, its gate, its
-Sume client), fan-out with a lane per key (:class:`~sume_poller.fanout.Lane`) every 60 clock
+:class:`~sume_poller.config.keys.KeyRing` read from a key configuration (one entry per key, its limits),
+the poll function's :class:`~sume_poller.poll.batch.BatchRunner` over per-key pollers
+(:class:`~sume_poller.config.keys.PerKey`: each key's read budget under its own Redis key, its gate, its
+Sume client), fan-out with a lane per key (:class:`~sume_poller.poll.fanout.Lane`) every 60 clock
 seconds, a real redis-server, and the Sume simulator over HTTP enforcing each key's limits in its
 own workspace (fixed minute and day windows on the same virtual clock). The job table is in
-memory with :class:`~sume_poller.store.JobStore`'s semantics, its pending index partitioned per
+memory with :class:`~sume_poller.store.records.JobStore`'s semantics, its pending index partitioned per
 key (``pNN:<key>``) as fan-out reads it. Submission is modelled as the submit function does it:
 the record, the lease (``token:0``) and the first poll message.
 
@@ -36,7 +36,7 @@ either way, and the quick hour still holds 83 to 833 reads a key.
 
 **Minute-bound** (information): the same keys and demand with no day limit, 5 clock minutes
 (full: 15): served per whole minute window / the minute limit - the limiter's own grants per
-window (:func:`~sume_poller.budget.granted_per_window`), under 0.95 of the limit below 80 a minute
+window (:func:`~sume_poller.limits.budget.granted_per_window`), under 0.95 of the limit below 80 a minute
 by design, for one key as for many.
 
 **Fairness**: key A with 1,000 pending long jobs (median 4 hours, already running for up to half
@@ -102,7 +102,7 @@ def p95(values: list[float]) -> float:
 # -- the job table ------------------------------------------------------------------------------------
 
 class KeyedStore:
-    """The job table in memory, with :class:`~sume_poller.store.JobStore`'s semantics for what
+    """The job table in memory, with :class:`~sume_poller.store.records.JobStore`'s semantics for what
     submit, the poller and fan-out call: records, the sparse pending index by partition (a key's
     own ``pNN:<key>``), the outbox partitions (``oNN``) until the event is out. Thread-safe (a
     batch's records run on parallel threads)."""
@@ -126,7 +126,7 @@ class KeyedStore:
             bisect.insort(self._index[new], job_id)
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int, key: str) -> None:
-        from sume_poller.jobs import keyed_shard, shard_of
+        from sume_poller.core.jobs import keyed_shard, shard_of
 
         shard = keyed_shard(shard_of(job_id, self.shards), key)
         with self._lock:
@@ -145,8 +145,8 @@ class KeyedStore:
             return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
     def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
-        from sume_poller.jobs import shard_of
-        from sume_poller.store import TerminalWrite
+        from sume_poller.core.jobs import shard_of
+        from sume_poller.store.records import TerminalWrite
 
         with self._lock:
             record = self.records.get(job_id)
@@ -168,7 +168,7 @@ class KeyedStore:
             self._move(job_id, record.pop("pending_shard", None), None)
             return True
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_observation(self, *args: Any, **kwargs: Any) -> None:
@@ -244,14 +244,14 @@ class Deployment:
     def __enter__(self) -> Deployment:
         from bench.fig_budget import VirtualClock
         from bench.harness import make_poller, virtual_poll_settings
-        from sume_poller.batch import BatchRunner
-        from sume_poller.fanout import Lane
-        from sume_poller.keys import KeyRing, PerKey, SumeKey
-        from sume_poller.lease import LeaseStore
-        from sume_poller.queue import Outgoing, PollQueue
-        from sume_poller.redisconn import connect
-        from sume_poller.settings import BudgetSettings, DiscoverySettings, FanOutSettings, KeySettings
-        from sume_poller.sume import SumeClient
+        from sume_poller.config.keys import KeyRing, PerKey, SumeKey
+        from sume_poller.config.settings import BudgetSettings, DiscoverySettings, FanOutSettings, KeySettings
+        from sume_poller.limits.lease import LeaseStore
+        from sume_poller.limits.redisconn import connect
+        from sume_poller.poll.batch import BatchRunner
+        from sume_poller.poll.fanout import Lane
+        from sume_poller.store.queue import Outgoing, PollQueue
+        from sume_poller.sume.client import SumeClient
         from sume_poller.wiring.shared import budget_of
         from tools.sume_sim import SumeSimulator
 
@@ -321,8 +321,8 @@ class Deployment:
         self.push(at, "arrive", (key, kind, duration, age, chain))
 
     def _arrive(self, key: str, kind: str, duration: float, age: float, chain: bool) -> None:
-        from sume_poller.lease import new_token
-        from sume_poller.messages import PollMessage
+        from sume_poller.core.messages import PollMessage
+        from sume_poller.limits.lease import new_token
 
         now = self.clock.t
         job_id = self.sim.seed_job(kind, {"duration": duration, "hints": False}, age=age, workspace=key)
@@ -336,7 +336,7 @@ class Deployment:
                                                   token=token, seq=0, submitted_at=int(now - age), key=key).to_json())
 
     def _tick(self) -> None:
-        from sume_poller.fanout import FanOut
+        from sume_poller.poll.fanout import FanOut
 
         report = FanOut(self.fan_settings, self.store, self.queue, self.lease, None, lambda: 60_000,
                         lanes=self.lanes).run()
@@ -445,7 +445,7 @@ class KeyServed:
 
 def keys_at_once(redis_url: str, quick: bool, seed: int) -> tuple[list[KeyServed], Deployment, float]:
     from bench.fig_budget import START
-    from sume_poller.settings import ScheduleSettings
+    from sume_poller.config.settings import ScheduleSettings
 
     span = 3_600.0 if quick else 6 * 3_600.0
     start = START + DAY - span
@@ -473,7 +473,7 @@ def minute_bound(redis_url: str, quick: bool, seed: int) -> tuple[dict[str, list
     """The same four keys with their minute limits alone (no day limit: the minute binds), the
     same demand, from a minute boundary: served per whole minute window of the run, per key."""
     from bench.fig_budget import START
-    from sume_poller.settings import ScheduleSettings
+    from sume_poller.config.settings import ScheduleSettings
 
     span = 300.0 if quick else 900.0
     limits = {k: (m, 0) for k, (m, _) in LIMITS.items()}
@@ -489,7 +489,7 @@ def minute_bound(redis_url: str, quick: bool, seed: int) -> tuple[dict[str, list
 
 
 def _minute_row(redis_url: str, quick: bool, seed: int) -> Row:
-    from sume_poller.budget import granted_per_window
+    from sume_poller.limits.budget import granted_per_window
 
     served, wall = minute_bound(redis_url, quick, seed)
     parts = {k: (min(v) / LIMITS[k][0], sum(v) / len(v) / LIMITS[k][0]) for k, v in served.items()}
@@ -573,7 +573,7 @@ class FairRun:
 
 def fair_run(redis_url: str, *, beside: bool, quick: bool, seed: int, hold_waits: bool = False) -> FairRun:
     from bench.fig_budget import START
-    from sume_poller.settings import ScheduleSettings
+    from sume_poller.config.settings import ScheduleSettings
 
     warmup, window = (600.0, 1_800.0) if quick else (1_200.0, 7_200.0)
     drain = 1_800.0

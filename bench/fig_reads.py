@@ -2,7 +2,7 @@
 
 Each scenario runs twice on the same job plan: with the real Redis lease (the read gate's
 claim), and with the lease disabled (:class:`bench.harness.NoLeaseGate`). Real parts: the
-submit path (:class:`sume_poller.submit.Submitter`: Sume create, pending record, chain start),
+submit path (:class:`sume_poller.creates.submit.Submitter`: Sume create, pending record, chain start),
 the batch adapter and Poller, fan-out, Redis, DynamoDB (moto server), EventBridge (moto), the
 Sume simulator over HTTP (hints on). The poll queue and Lambda's event source are played in
 memory (:mod:`bench.harness`, see there why). The read budget is off here (figure 8 has it);
@@ -110,12 +110,12 @@ class RunResult:
 
 def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[tuple[str, dict[str, Any]]],
              fanout_every: float, seed: int, timeout: float, arrival_rate: float, concurrency: int) -> RunResult:
-    from sume_poller.batch import BatchRunner
-    from sume_poller.budget import Budget, LocalPacer
-    from sume_poller.fanout import FanOut
-    from sume_poller.lease import LeaseStore
-    from sume_poller.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
-    from sume_poller.submit import Submitter, one_key
+    from sume_poller.config.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
+    from sume_poller.creates.submit import Submitter, one_key
+    from sume_poller.limits.budget import Budget, LocalPacer
+    from sume_poller.limits.lease import LeaseStore
+    from sume_poller.poll.batch import BatchRunner
+    from sume_poller.poll.fanout import FanOut
     from sume_poller.wiring.shared import reads_budget
 
     stack = svc.fresh()

@@ -63,13 +63,13 @@ class _Meter:
 def _polls(svc: Services, url: str, ports: list[int], cluster: bool, n: int, tag: str) -> _Meter:
     """Chain starts as submit makes them, then: first polls, chain polls, terminal polls, and
     stale duplicates, each measured alone."""
-    from sume_poller.coverage import CoverageStore, CoverageView
-    from sume_poller.lease import LeaseStore, new_token
-    from sume_poller.messages import PollMessage, parse_message
-    from sume_poller.poller import Deadline
-    from sume_poller.redisconn import connect
-    from sume_poller.settings import RedisSettings
-    from sume_poller.store import JobStore
+    from sume_poller.config.settings import RedisSettings
+    from sume_poller.core.messages import PollMessage, parse_message
+    from sume_poller.discovery.coverage import CoverageStore, CoverageView
+    from sume_poller.limits.lease import LeaseStore, new_token
+    from sume_poller.limits.redisconn import connect
+    from sume_poller.poll.poller import Deadline
+    from sume_poller.store.records import JobStore
     from sume_poller.wiring.shared import reads_budget
 
     settings = svc.settings()
@@ -127,7 +127,7 @@ def _lock_polls(svc: Services, url: str, port: int, n: int) -> _Meter:
     """Baseline: redis-py Lock acquire / budget take / read / extend or release, per poll."""
     import redis
 
-    from sume_poller.sume import Terminal
+    from sume_poller.sume.client import Terminal
     from sume_poller.wiring.shared import reads_budget
 
     settings = svc.settings()

@@ -50,9 +50,9 @@ from scipy.special import ndtr
 
 from bench import SCRATCH
 from bench.report import Row, print_table
-from sume_poller import schedule
-from sume_poller.durations import Interval, LogNormal, model_from, summary
-from sume_poller.schedule import Bounds
+from sume_poller.schedule import planner as schedule
+from sume_poller.schedule.durations import Interval, LogNormal, model_from, summary
+from sume_poller.schedule.planner import Bounds
 
 KINDS: dict[str, tuple[float, float]] = {"image": (20.0, 0.4), "video": (360.0, 0.6), "ad_video": (720.0, 0.5)}
 JOBS, WARMUP = 1_000, 200

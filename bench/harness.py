@@ -1,11 +1,11 @@
 """Bench-only stand-ins and counters shared by the figures.
 
-* :class:`MemQueue` - the real :class:`sume_poller.queue.PollQueue` (its batching, its SQS delay
+* :class:`MemQueue` - the real :class:`sume_poller.store.queue.PollQueue` (its batching, its SQS delay
   rounding) over an in-memory SQS queue: delays, visibility timeout, receive up to 10. It is
   the poll queue of figure 1: moto's SQS scans every message it holds on every call, so a few
   hundred jobs in flight would lag deliveries by seconds - that would measure moto, not the lease.
 * :class:`EventSource` - plays Lambda's SQS event source mapping over a :class:`MemQueue` with
-  the real batch adapter (:class:`sume_poller.batch.BatchRunner`): concurrent invocations,
+  the real batch adapter (:class:`sume_poller.poll.batch.BatchRunner`): concurrent invocations,
   optional duplicate delivery, a fan-out tick and crashing invocations.
 * :class:`DetachedQueue` - the poll queue of a Poller driven by hand (figures 2 and 8).
 * :class:`NoLeaseGate` - the read gate with the lease disabled (figure 1's baseline).
@@ -35,14 +35,14 @@ from typing import Any
 
 import redis
 
-from sume_poller.budget import Budget, LocalPacer
-from sume_poller.cadence import Cadence
-from sume_poller.events import EventBus
-from sume_poller.gate import Passage, ReadGate
-from sume_poller.lease import Claim, LeaseStore, Step
-from sume_poller.poller import Poller
-from sume_poller.queue import Outgoing, PollQueue
-from sume_poller.store import JobStore, TerminalWrite
+from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.gate import Passage, ReadGate
+from sume_poller.limits.lease import Claim, LeaseStore, Step
+from sume_poller.poll.cadence import Cadence
+from sume_poller.poll.poller import Poller
+from sume_poller.store.events import EventBus
+from sume_poller.store.queue import Outgoing, PollQueue
+from sume_poller.store.records import JobStore, TerminalWrite
 
 # -- the poll queue in memory --------------------------------------------------------------------
 
@@ -165,7 +165,7 @@ def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: 
                           schedule: Any, discovery: Any) -> Any:
     """PollSettings for a Poller driven by hand on a virtual clock (figures 8 and 9): leases long
     enough that no real-time TTL runs out while the virtual clock races ahead."""
-    from sume_poller.settings import (
+    from sume_poller.config.settings import (
         Common,
         JobSettings,
         KeySettings,
@@ -499,7 +499,7 @@ class RedisCounter:
 @contextlib.contextmanager
 def layer_logs_to(path: Path) -> Iterator[None]:
     """The layer's Powertools log lines go to ``path`` (not stdout, where the table goes) meanwhile."""
-    from sume_poller.observability import logger
+    from sume_poller.core.observability import logger
 
     with open(path, "a", encoding="utf-8") as log:
         previous = [(h, h.setStream(log)) for h in logger.handlers if hasattr(h, "setStream")]

@@ -16,13 +16,13 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from sume_poller.budget import Grant, RateInfo
-from sume_poller.clock import Clock
-from sume_poller.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
-from sume_poller.lease import Claim, HandOver, Step, resting_value
-from sume_poller.queue import Outgoing
-from sume_poller.store import Ending, JobStore, TerminalWrite
-from sume_poller.sume import Listing, Refused, Result, Retryable
+from sume_poller.core.clock import Clock
+from sume_poller.core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
+from sume_poller.limits.budget import Grant, RateInfo
+from sume_poller.limits.lease import Claim, HandOver, Step, resting_value
+from sume_poller.store.queue import Outgoing
+from sume_poller.store.records import Ending, TerminalWrite
+from sume_poller.sume.client import Listing, Refused, Result, Retryable
 
 
 class FakeClock(Clock):
@@ -286,9 +286,6 @@ class FakeStore:
                       pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX), **outcome.result)
         return TerminalWrite(True, dict(record))
 
-    #: The real one: it only calls result_fields and results, the fake's own.
-    keep_result = JobStore.keep_result
-
     def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         text = json.dumps(result, separators=(",", ":"))
         return {"result_json": text, "result_bytes": len(text)}
@@ -318,7 +315,7 @@ class FakeStore:
 
     # the create queue, as JobStore's conditions write it
     def submission(self, key_id: str, idempotency_key: str) -> dict[str, Any] | None:
-        from sume_poller.createqueue import submission_id
+        from sume_poller.store.submissions import submission_id
         return self.get(submission_id(key_id, idempotency_key))
 
     def enqueue(self, item: dict[str, Any], submission: dict[str, Any]) -> bool:
@@ -387,14 +384,14 @@ class FakeQueue:
 
 def status(name: str, hint: float | None = None, rate: RateInfo | None = None) -> Any:
     """A Pending reply (helper for scripts)."""
-    from sume_poller.sume import Pending
+    from sume_poller.sume.client import Pending
     return Pending(name, hint, rate=rate or RateInfo())
 
 
 def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None,
          gated: bool = True) -> Any:
     """A Terminal reply; ``gated``: it carried ``result_ready`` (Sume's gate for the result)."""
-    from sume_poller.sume import Terminal
+    from sume_poller.sume.client import Terminal
     return Terminal(status_, status_, ready, error, gated=gated)
 
 

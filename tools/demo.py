@@ -31,7 +31,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from sume_poller.coverage import CoverageStore
+from sume_poller.discovery.coverage import CoverageStore
 from tools.local_invoke import parse_parameter_overrides
 from tools.ops import model_lines
 from tools.stack import SetupError, Stack

@@ -1,13 +1,13 @@
 """Fan-out function (schedule): start a chain for every pending job without one, within the budget.
 
-Thin handler: the logic is ``sume_poller.fanout``.
+Thin handler: the logic is ``sume_poller.poll.fanout``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sume_poller.observability import MetricUnit, count_by_key, logger, metrics, traced
+from sume_poller.core.observability import MetricUnit, count_by_key, logger, metrics, traced
 from sume_poller.wiring import fanout as wiring
 
 

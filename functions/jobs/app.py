@@ -1,13 +1,13 @@
 """Jobs function (direct invoke, and an AWS_IAM function URL): read a job in one call (GetJob),
 and submit over HTTP (POST /jobs invokes the submit function). Thin handler: the routes are
-``sume_poller.jobsapi``, GetJob ``sume_poller.reader``."""
+``sume_poller.api.jobsapi``, GetJob ``sume_poller.api.reader``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sume_poller.jobsapi import caller, is_url_request
-from sume_poller.observability import MetricUnit, logger, metrics, traced
+from sume_poller.api.jobsapi import caller, is_url_request
+from sume_poller.core.observability import MetricUnit, logger, metrics, traced
 from sume_poller.wiring import jobs as wiring
 
 

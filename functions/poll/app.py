@@ -1,6 +1,6 @@
 """Poll function (SQS trigger): each message is one step of a job's chain, at most one Sume read.
 
-Thin handler: the state machine is ``sume_poller.poller``, the batch adapter ``sume_poller.batch``.
+Thin handler: the state machine is ``sume_poller.poll.poller``, the batch adapter ``sume_poller.poll.batch``.
 Returns an SQS partial batch response (``ReportBatchItemFailures``).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sume_poller.batch import emit_metrics
-from sume_poller.observability import logger, metrics, traced
+from sume_poller.core.observability import logger, metrics, traced
+from sume_poller.poll.batch import emit_metrics
 from sume_poller.wiring import poll as wiring
 
 

@@ -1,15 +1,15 @@
 """Submit function: start a paid Sume job with an Idempotency-Key, or register an already
 submitted job id; record it as pending and start its chain (direct invoke). A submission the
 create budget cannot take now is queued, and the create queue's messages (its SQS event source)
-are the drain steps that create them in arrival order. See ``sume_poller.submit`` and
-``sume_poller.drain``."""
+are the drain steps that create them in arrival order. See ``sume_poller.creates.submit`` and
+``sume_poller.creates.drain``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sume_poller.observability import MetricUnit, logger, metrics, traced
-from sume_poller.submit import CreateBudgetExhausted
+from sume_poller.core.observability import MetricUnit, logger, metrics, traced
+from sume_poller.creates.submit import CreateBudgetExhausted
 from sume_poller.wiring import submit as wiring
 
 

@@ -1,6 +1,6 @@
 """Sweep function (schedule): find finished jobs in bulk on Sume's list route, while it saves reads.
 
-Thin handler: the logic is ``sume_poller.sweep``; what sweeps proved is ``sume_poller.coverage``.
+Thin handler: the logic is ``sume_poller.discovery.sweep``; what sweeps proved is ``sume_poller.discovery.coverage``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import single_metric
 
-from sume_poller.observability import MetricUnit, count_by_key, logger, metrics, traced
+from sume_poller.core.observability import MetricUnit, count_by_key, logger, metrics, traced
 from sume_poller.wiring import sweep as wiring
 
 

@@ -1,13 +1,13 @@
 """Webhook function (Lambda function URL): Sume's signed "job ready/failed" deliveries, as a hint to
-read the job now. Thin handler: the logic is ``sume_poller.webhook``."""
+read the job now. Thin handler: the logic is ``sume_poller.discovery.webhook``."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from sume_poller.observability import MetricUnit, logger, metrics, traced
-from sume_poller.webhook import raw_body
+from sume_poller.core.observability import MetricUnit, logger, metrics, traced
+from sume_poller.discovery.webhook import raw_body
 from sume_poller.wiring import webhook as wiring
 
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from sume_poller.createqueue import DrainMessage, queue_item, queued_record
-from sume_poller.lease import new_token
+from sume_poller.creates.createqueue import DrainMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.store.submissions import queue_item, queued_record
 from tools import ops
 from tools.stack.deployed import DeployedStack
 from tools.template import Created, resolve
@@ -212,6 +213,12 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
             stack.drive(lambda: names <= seen(), timeout=120, fanout_every=1)
         except TimeoutError as error:
             raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
+
+    # A deployed key configuration from before the split (format 1: secrets inline) still loads where
+    # the functions read it, counted KeyConfigLegacy (each re-reads the list within a minute); the next
+    # test's reset stores format 2 again.
+    stack.client("secretsmanager").put_secret_value(SecretId=stack.parameters["SumeKeysSecretName"],
+                                                    SecretString=json.dumps(stack.key_config(inline=True)))
 
     # A queued submission past its deadline (as submit queues one; this stack's creates are not
     # limited, so none queues by itself) and its drain's message: the submit function, through the

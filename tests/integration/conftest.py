@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from sume_poller.aws import reset_session
+from sume_poller.core.aws import reset_session
 from tools.services import MotoServer, RedisServer
 from tools.template import Created, aws_clients, create_stack, load, translate
 

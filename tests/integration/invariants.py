@@ -8,7 +8,7 @@
 * the dead-letter queue holds only poison (bodies that fail to parse).
 
 Each check records a figures row; the rows are written to ``.scratch/fault-figures.md`` at the
-end of the session (see conftest.py) for the README's Guarantees table.
+end of the session (see conftest.py) for the fault table in docs/design/guarantees.md.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sume_poller.messages import MessageError, parse_message
+from sume_poller.core.messages import MessageError, parse_message
 
 FIGURES: list[dict[str, Any]] = []
 FIGURES_PATH = Path(__file__).resolve().parents[2] / ".scratch" / "fault-figures.md"

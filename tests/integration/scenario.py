@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from sume_poller.createqueue import QUEUED, submission_id
-from sume_poller.store import STATS_PREFIX
+from sume_poller.store.records import STATS_PREFIX
+from sume_poller.store.submissions import QUEUED, submission_id
 from tools.services import MotoServer
 from tools.stack.inprocess import InProcessStack
 

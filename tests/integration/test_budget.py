@@ -14,9 +14,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sume_poller.budget import Budget, LocalPacer, RateInfo, granted_per_window, lane_burst
-from sume_poller.gate import ReadGate
-from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.budget import Budget, LocalPacer, RateInfo, granted_per_window, lane_burst
+from sume_poller.limits.gate import ReadGate
+from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
 
 pytestmark = pytest.mark.integration
 

@@ -56,8 +56,8 @@ def test_stuck_outboxes_take_no_read_slot_from_running_jobs(stack: InProcessStac
     running jobs that want more reads than the budget: fan-out's outbox messages (re-sent after
     doubling waits) take no read slot, so the running jobs get the budget (the limiter grants 37 of
     40 a minute: 0.925 at most)."""
-    from sume_poller.events import EventBus
-    from sume_poller.jobs import OUTBOX_PREFIX, shard_of
+    from sume_poller.core.jobs import OUTBOX_PREFIX, shard_of
+    from sume_poller.store.events import EventBus
 
     stuck = [f"job_stuck{i:02d}" for i in range(20)]
     publish = EventBus.put_terminal
@@ -68,7 +68,7 @@ def test_stuck_outboxes_take_no_read_slot_from_running_jobs(stack: InProcessStac
         publish(self, job_id, record)
 
     monkeypatch.setattr(EventBus, "put_terminal", refuse_the_stuck)
-    from sume_poller.gate import ReadGate
+    from sume_poller.limits.gate import ReadGate
 
     entered: list[str] = []
     enter = ReadGate.enter

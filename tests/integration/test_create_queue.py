@@ -17,8 +17,8 @@ import pytest
 import redis
 from scenario import FAST_LEASES, settled, stack_fixtures, submission
 
-from sume_poller.budget import NO_DAY_RESERVE, Budget
-from sume_poller.createqueue import CREATED, REJECTED
+from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
+from sume_poller.store.submissions import CREATED, REJECTED
 from tools.stack.base import wait_until
 from tools.stack.inprocess import InProcessStack
 

@@ -42,9 +42,10 @@ import pytest
 import redis
 from invoke_endpoint import InvokeEndpoint
 
-from sume_poller.createqueue import DrainMessage, queue_item, queued_record
-from sume_poller.store import JobStore
-from sume_poller.sweep import MIN_JOBS_PER_READ, STATUSES
+from sume_poller.creates.createqueue import DrainMessage
+from sume_poller.discovery.sweep import MIN_JOBS_PER_READ, STATUSES
+from sume_poller.store.records import JobStore
+from sume_poller.store.submissions import queue_item, queued_record
 from tools.services import MotoServer
 from tools.stack.base import CREDENTIALS, EmfTotals
 from tools.stack.inprocess import InProcessStack

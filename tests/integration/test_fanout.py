@@ -12,13 +12,13 @@ import boto3
 import pytest
 import redis
 
-from sume_poller.budget import Budget, granted_per_window
-from sume_poller.clock import Clock
-from sume_poller.fanout import FanOut
-from sume_poller.lease import LeaseStore
-from sume_poller.queue import PollQueue
-from sume_poller.settings import FanOutSettings
-from sume_poller.store import Ending, JobStore
+from sume_poller.config.settings import FanOutSettings
+from sume_poller.core.clock import Clock
+from sume_poller.limits.budget import Budget, granted_per_window
+from sume_poller.limits.lease import LeaseStore
+from sume_poller.poll.fanout import FanOut
+from sume_poller.store.queue import PollQueue
+from sume_poller.store.records import Ending, JobStore
 from tools.services import RedisServer
 from tools.template import Provisioned
 

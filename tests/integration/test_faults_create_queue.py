@@ -19,7 +19,8 @@ import pytest
 import redis
 from scenario import FAST_LEASES, settled, stack_fixtures, submission
 
-from sume_poller.createqueue import CREATED, EXPIRED, REJECTED
+from sume_poller.creates.createqueue import EXPIRED
+from sume_poller.store.submissions import CREATED, REJECTED
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

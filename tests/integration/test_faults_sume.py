@@ -15,7 +15,7 @@ import redis
 from invariants import check
 from scenario import FAULT_JOBS, FAULT_SCALE, fault_suite_fixtures, run, status_reads, submit
 
-from sume_poller.lease import new_token
+from sume_poller.limits.lease import new_token
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

@@ -21,7 +21,7 @@ import pytest
 import urllib3
 from invoke_endpoint import InvokeEndpoint
 
-from sume_poller.store import INLINE_RESULT_BYTES
+from sume_poller.store.records import INLINE_RESULT_BYTES
 from tools.services import MotoServer
 from tools.stack.inprocess import InProcessStack
 
@@ -44,7 +44,7 @@ def module_stack(moto_server: MotoServer) -> Iterator[InProcessStack]:
 @pytest.fixture
 def stack(module_stack: InProcessStack, monkeypatch: pytest.MonkeyPatch) -> Iterator[InProcessStack]:
     with InvokeEndpoint(module_stack) as endpoint:
-        monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", endpoint.url)  # the clients follow it (sume_poller.aws)
+        monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA", endpoint.url)  # the clients follow it (sume_poller.core.aws)
         module_stack.reset()
         module_stack.invoke_endpoint = endpoint  # type: ignore[attr-defined]
         yield module_stack

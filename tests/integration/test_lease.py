@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from sume_poller.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
 
 pytestmark = pytest.mark.integration
 TTL = 60_000

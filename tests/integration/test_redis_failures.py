@@ -10,12 +10,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from sume_poller.budget import Budget, LocalPacer
-from sume_poller.coverage import FOUND_MAX, FOUND_MAX_AGE, CoverageStore
-from sume_poller.gate import ReadGate
-from sume_poller.jobs import KINDS
-from sume_poller.lease import LeaseStore
-from sume_poller.redisconn import (
+from sume_poller.config.settings import RedisSettings
+from sume_poller.core.jobs import KINDS
+from sume_poller.discovery.coverage import FOUND_MAX, FOUND_MAX_AGE, CoverageStore
+from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.gate import ReadGate
+from sume_poller.limits.lease import LeaseStore
+from sume_poller.limits.redisconn import (
     MISCONFIGURED,
     UNAVAILABLE,
     ColdStartCheck,
@@ -25,7 +26,6 @@ from sume_poller.redisconn import (
     connect,
     failure,
 )
-from sume_poller.settings import RedisSettings
 from tools.services import RedisCluster, free_port
 
 pytestmark = pytest.mark.integration

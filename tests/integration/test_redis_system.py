@@ -56,18 +56,18 @@ def test_the_system_runs_on_a_redis_that_only_an_acl_user_may_use(moto_server: M
         assert password not in stack.log_path.read_text(errors="replace")
 
 
-def readme_acl_rule() -> list[str]:
-    """The Redis user's rule exactly as README.md gives it (the one ```text block after "The Redis user")."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def documented_acl_rule() -> list[str]:
+    """The Redis user's rule exactly as docs/deploy.md gives it (the one ```text block after "The Redis user")."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "deploy.md").read_text()
     block = text.split("**The Redis user**", 1)[1].split("```text\n", 1)[1].split("\n```", 1)[0]
     return block.split()
 
 
 @pytest.mark.parametrize("mode", ["standalone", "cluster"])
-def test_the_readme_acl_rule_is_all_the_system_needs(mode: str, moto_server: MotoServer) -> None:
-    """A user with README's rule and nothing more runs submit, the poll chains, fan-out and a sweep
-    on a standalone server and on a cluster; Redis logs no command it refused."""
-    rule = readme_acl_rule()
+def test_the_documented_acl_rule_is_all_the_system_needs(mode: str, moto_server: MotoServer) -> None:
+    """A user with the documented rule (docs/deploy.md) and nothing more runs submit, the poll chains,
+    fan-out and a sweep on a standalone server and on a cluster; Redis logs no command it refused."""
+    rule = documented_acl_rule()
     assert rule[0] == "~sume:poll:*" and "-@all" in rule
     service: RedisServer | RedisCluster = RedisCluster(masters=3) if mode == "cluster" else RedisServer()
     with service as redis_service:
@@ -85,7 +85,7 @@ def test_the_readme_acl_rule_is_all_the_system_needs(mode: str, moto_server: Mot
             stack.fanout()  # counts the pending jobs: enough for the sweep's cost rule
             swept = stack.invoke("SweepFunction", {"source": "aws.events"})
             run(stack, ids)
-            check(stack, ids, scenario=f"ACL user with README's rule ({mode})", expected="completed")
+            check(stack, ids, scenario=f"ACL user with the documented rule ({mode})", expected="completed")
             assert swept["ran"], swept
         refused = [entry for admin in admins for entry in admin.acl_log()]
         assert refused == [], refused

@@ -19,11 +19,11 @@ import pytest
 import redis
 
 from sume_poller import runtime
-from sume_poller.aws import client
-from sume_poller.lease import new_token
-from sume_poller.messages import PollMessage
-from sume_poller.settings import PollSettings
-from sume_poller.store import UPLOAD_PART_BYTES, UPLOAD_STREAMS
+from sume_poller.config.settings import PollSettings
+from sume_poller.core.aws import client
+from sume_poller.core.messages import PollMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.store.records import UPLOAD_PART_BYTES, UPLOAD_STREAMS
 from tools.template import Provisioned
 
 pytestmark = pytest.mark.integration
@@ -74,7 +74,7 @@ def poll_env(template_resources: Provisioned, rdb: redis.Redis, sim: str, aws: s
 
 def batch(job_ids: list[str]) -> dict[str, object]:
     """An SQS event of each job's first chain step, due now; the jobs recorded and leased as submit does."""
-    from sume_poller.store import JobStore
+    from sume_poller.store.records import JobStore
 
     store, records = JobStore("jobs", 4), []
     lease = runtime.redis_client(PollSettings.from_env(os.environ).redis)
@@ -107,7 +107,7 @@ def test_a_30_mb_result_among_nine_small_ones_is_streamed_to_s3_in_bounded_memor
     assert [o.name for o in report.outcomes] == ["terminal"] * 10, report.outcomes
     bound = (UPLOAD_STREAMS + 1) * UPLOAD_PART_BYTES  # a part per upload, and the one being read
     assert peak < bound < LARGE, f"peak {peak / 1e6:.1f} MB"
-    from sume_poller.store import JobStore
+    from sume_poller.store.records import JobStore
 
     record = JobStore("jobs", 4).get(large)
     assert record is not None and "result_json" not in record
@@ -128,7 +128,7 @@ def test_a_result_over_the_maximum_is_recorded_completed_with_its_size_and_never
     job = seed(sim, {"duration": 1, "result_shape": "large", "result_bytes": 3_000_000})
     report = runtime.poll_runner().run(batch([job]), lambda: 25_000)
     assert [o.status for o in report.outcomes] == ["completed"]
-    from sume_poller.store import JobStore
+    from sume_poller.store.records import JobStore
 
     record = JobStore("jobs", 4).get(job)
     assert record is not None and record["error"]["code"] == "result_too_large"

@@ -13,9 +13,9 @@ import pytest
 from invariants import check
 from scenario import SAFE_LEASES, SCHEDULE_PARAMETERS, SCHEDULE_SCALE, stack_fixtures, submit
 
-from sume_poller.models import ModelCache
-from sume_poller.schedule import SHORT_SCHEDULE
-from sume_poller.store import JobStore
+from sume_poller.schedule.models import ModelCache
+from sume_poller.schedule.planner import SHORT_SCHEDULE
+from sume_poller.store.records import JobStore
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ import pytest
 from invariants import Crash, check
 from scenario import SAFE_LEASES, SCHEDULE_PARAMETERS, SCHEDULE_SCALE, observations, stack_fixtures, submit
 
-from sume_poller.store import stats_slot
+from sume_poller.store.records import stats_slot
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

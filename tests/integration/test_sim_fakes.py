@@ -22,17 +22,17 @@ from sim.scheduler import Scheduler
 from sim.sqs_fake import SqsWorld
 from sim.sume_fake import BASE, Transport
 
-from sume_poller.aws import error_code
-from sume_poller.budget import Budget, LocalPacer, RateInfo
-from sume_poller.clock import Clock
-from sume_poller.coverage import CoverageStore
-from sume_poller.createqueue import queue_item, queued_record
-from sume_poller.deliveries import DeliveryStore
-from sume_poller.gate import ReadGate
-from sume_poller.lease import LeaseStore, Step
-from sume_poller.redisconn import Breaker
-from sume_poller.store import Ending, JobStore, ResultBucket
-from sume_poller.sume import SumeClient
+from sume_poller.core.aws import error_code
+from sume_poller.core.clock import Clock
+from sume_poller.discovery.coverage import CoverageStore
+from sume_poller.discovery.deliveries import DeliveryStore
+from sume_poller.limits.budget import Budget, LocalPacer, RateInfo
+from sume_poller.limits.gate import ReadGate
+from sume_poller.limits.lease import LeaseStore, Step
+from sume_poller.limits.redisconn import Breaker
+from sume_poller.store.records import Ending, JobStore, ResultBucket
+from sume_poller.store.submissions import queue_item, queued_record
+from sume_poller.sume.client import SumeClient
 from tools.sume_sim import SumeSimulator
 from tools.template import Provisioned
 
@@ -360,8 +360,8 @@ def test_the_s3_fake_keeps_the_result_buckets_tags_as_moto_server_does(template_
 def test_the_events_fake_answers_putevents_as_moto_server_does_under_the_layers_retry_config(aws: str) -> None:
     from sim.events_fake import EventsWorld
 
-    from sume_poller.aws import CLIENT_CONFIG, client
-    from sume_poller.events import EventBus
+    from sume_poller.core.aws import CLIENT_CONFIG, client
+    from sume_poller.store.events import EventBus
 
     real = client("events").put_events(Entries=[{"Source": "s", "DetailType": "d", "Detail": '{"job_id":"j"}',
                                                  "EventBusName": "default"}])

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import urllib3
 
-from sume_poller.clock import Clock
+from sume_poller.core.clock import Clock
 from tools.sume_sim import SumeSimulator
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import redis
 from invariants import Crash, check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, stack_fixtures, submit
 
-from sume_poller import sweep
-from sume_poller.sweep import Sweeper
+from sume_poller.discovery import sweep
+from sume_poller.discovery.sweep import Sweeper
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration

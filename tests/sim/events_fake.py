@@ -1,7 +1,7 @@
 """EventBridge in process, under a real botocore client: the layer's own retries run as configured.
 
 The poll function's events client is a real boto3 client with the layer's configuration
-(:data:`sume_poller.aws.CLIENT_CONFIG`: standard retry mode, 2 attempts, a 3 s read timeout); only
+(:data:`sume_poller.core.aws.CLIENT_CONFIG`: standard retry mode, 2 attempts, a 3 s read timeout); only
 the HTTP exchange is replaced (botocore's ``before-send`` hook answers instead of the network), so
 botocore's retry handler decides, as it would in Lambda, whether an attempt is sent again. Each
 attempt is a scheduler point, and the scheduler may make it: accepted (the event is on the bus);

@@ -37,8 +37,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from sume_poller.budget import granted_per_window
+from sume_poller.limits.budget import granted_per_window
 
+from .plan import VISIBILITY
 from .world import PREFIX, World
 
 SUCCESS = {"completed", "complete", "succeeded", "success", "ready"}
@@ -284,10 +285,8 @@ class Checker:
         it, which may have left it without a chain (a submit that died between taking the chain's lease
         and sending its first message) - the start lease's life plus a fan-out period, after which
         fan-out starts a chain again."""
-        from .plan import VISIBILITY
-
         settings = self.world.fanout_settings
-        restart = settings.lease.start_ttl + settings.period
+        restart = float(settings.lease.start_ttl) + float(settings.period)
         return VISIBILITY * (1 + self.failed_deliveries[job]) + restart * self.kills[job]
 
     def _events(self, records: dict[str, dict[str, Any]]) -> None:

@@ -1,6 +1,6 @@
 """SQS in process: standard queues with delays, visibility timeouts, a redrive policy, at-least-once delivery.
 
-The layer only sends (``send_message_batch``, through :class:`sume_poller.queue.PollQueue`); Lambda's
+The layer only sends (``send_message_batch``, through :class:`sume_poller.store.queue.PollQueue`); Lambda's
 event source mapping receives and deletes (:mod:`.world` plays it). Kept from SQS (and held to moto
 server by ``tests/integration/test_sim_fakes.py``): ``DelaySeconds`` 0-900 (an entry outside is
 failed, the rest of the batch sent), at most 10 entries with distinct ids, a received message

@@ -50,7 +50,7 @@ def job_of(path: str) -> tuple[str, str] | None:
 
 
 class Transport:
-    """Stands in for ``urllib3.PoolManager`` in :class:`sume_poller.sume.SumeClient`."""
+    """Stands in for ``urllib3.PoolManager`` in :class:`sume_poller.sume.client.SumeClient`."""
 
     def __init__(self, sched: Any, faults: Any, model: Any) -> None:
         self.sched = sched

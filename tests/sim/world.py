@@ -25,38 +25,37 @@ from typing import Any
 
 import botocore.endpoint
 
-from sume_poller import batch as batch_module
-from sume_poller import gate as gate_module
-from sume_poller.aws import CLIENT_CONFIG, AwsError
-from sume_poller.batch import BatchRunner
-from sume_poller.budget import NO_DAY_RESERVE, Budget, LocalPacer
-from sume_poller.cadence import Cadence
-from sume_poller.clock import Clock
-from sume_poller.coverage import CoverageStore, CoverageView
-from sume_poller.drain import Drainer
-from sume_poller.events import EventBus
-from sume_poller.fanout import FanOut, Lane
-from sume_poller.gate import ReadGate
-from sume_poller.keys import Limits, SumeKey
-from sume_poller.lease import LeaseStore
-from sume_poller.models import ModelCache
-from sume_poller.poller import Poller
-from sume_poller.queue import PollQueue
-from sume_poller.redisconn import Breaker, RedisFailure
-from sume_poller.settings import (
-    Common,
+from sume_poller.config.keys import Limits, SumeKey
+from sume_poller.config.settings import (
     FanOutSettings,
     PollSettings,
     SubmitSettings,
     SweepFunctionSettings,
     WebhookSettings,
 )
-from sume_poller.step import Deadline
-from sume_poller.store import JobStore, ResultBucket
-from sume_poller.submit import SubmitRetryable, Submitter, one_key
-from sume_poller.sume import SumeClient
-from sume_poller.sweep import Sweeper, Sweeps, SweepSettings
-from sume_poller.webhook import WebhookReceiver
+from sume_poller.core.aws import CLIENT_CONFIG, AwsError
+from sume_poller.core.clock import Clock
+from sume_poller.creates.drain import Drainer
+from sume_poller.creates.submit import SubmitRetryable, Submitter, one_key
+from sume_poller.discovery.coverage import CoverageStore, CoverageView
+from sume_poller.discovery.sweep import Sweeper, Sweeps, SweepSettings
+from sume_poller.discovery.webhook import WebhookReceiver
+from sume_poller.limits import gate as gate_module
+from sume_poller.limits.budget import NO_DAY_RESERVE, Budget, LocalPacer
+from sume_poller.limits.gate import ReadGate
+from sume_poller.limits.lease import LeaseStore
+from sume_poller.limits.redisconn import Breaker, RedisFailure
+from sume_poller.poll import batch as batch_module
+from sume_poller.poll.batch import BatchRunner
+from sume_poller.poll.cadence import Cadence
+from sume_poller.poll.fanout import FanOut, Lane
+from sume_poller.poll.poller import Poller
+from sume_poller.poll.step import Deadline
+from sume_poller.schedule.models import ModelCache
+from sume_poller.store.events import EventBus
+from sume_poller.store.queue import PollQueue
+from sume_poller.store.records import JobStore, ResultBucket
+from sume_poller.sume.client import SumeClient
 from tools.sume_sim.config import Config, updated
 from tools.sume_sim.model import Model
 
@@ -176,8 +175,7 @@ class World:
 
     def _settings(self, cls: Any, env: dict[str, str]) -> Any:
         settings = cls.from_env(env)
-        common = Common(settings.common.jobs_table, self.clock, True)
-        return dataclasses.replace(settings, common=common)
+        return dataclasses.replace(settings, common=dataclasses.replace(settings.common, clock=self.clock))
 
     # -- what each function's container holds (mirrors sume_poller.wiring) -------------------------------
     def key(self) -> SumeKey:
@@ -194,7 +192,8 @@ class World:
 
     def store(self, settings: Any, results: bool = False) -> JobStore:
         bucket = ResultBucket(settings.result_bucket, s3=self.s3.client) if results else None
-        return JobStore(settings.common.jobs_table, settings.jobs.pending_shards, ddb=self.ddb.client, results=bucket)
+        return JobStore(settings.common.jobs_table, settings.jobs.pending_shards, ddb=self.ddb.client, results=bucket,
+                        retention_days=settings.common.retention_days, wall=self.sched.clock)
 
     def reads_budget(self, client: Any, settings: Any) -> Budget:
         key, clock = self.key(), self.clock
@@ -232,7 +231,7 @@ class World:
         client = self.redis.client()
         lease = LeaseStore(client, PREFIX)
         budget = self.reads_budget(client, s)
-        store = JobStore(s.common.jobs_table, s.jobs.pending_shards, ddb=self.ddb.client)
+        store = self.store(s)
         return FanOut(s, store, PollQueue(s.poll_queue_url, self.clock, sqs=self.sqs.client), lease, None,
                       remaining_ms, lanes=[Lane("default", budget, PREFIX)],
                       create_queue=PollQueue(s.create_queue_url, self.clock, sqs=self.sqs.client))
@@ -244,7 +243,7 @@ class World:
                                  max_age=float(s.jobs.max_age))
         return Sweeps([Sweeper(settings, self.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
                                margin_real=s.lease.margin, sume=self.sume_client(s),
-                               store=JobStore(s.common.jobs_table, s.jobs.pending_shards, ddb=self.ddb.client),
+                               store=self.store(s),
                                queue=PollQueue(s.poll_queue_url, self.clock, sqs=self.sqs.client),
                                lease=LeaseStore(client, PREFIX), budget=self.reads_budget(client, s),
                                coverage=CoverageStore(client, PREFIX), key=self.key())])
@@ -254,7 +253,7 @@ class World:
         client = self.redis.client()
         return WebhookReceiver(self.clock, secrets=lambda: {"default": WEBHOOK_SECRET}, default_key="default",
                                tolerance=s.tolerance,
-                               store=JobStore(s.common.jobs_table, s.jobs.pending_shards, ddb=self.ddb.client),
+                               store=self.store(s),
                                lease=LeaseStore(client, PREFIX),
                                queue=PollQueue(s.poll_queue_url, self.clock, sqs=self.sqs.client),
                                handover_ttl_real=s.lease.claim_ttl, margin_real=s.lease.margin,
@@ -264,7 +263,7 @@ class World:
         s, clock = self.submit_settings, self.clock
         client = self.redis.client()
         lease = LeaseStore(client, PREFIX)
-        store = JobStore(s.common.jobs_table, s.jobs.pending_shards, ddb=self.ddb.client)
+        store = self.store(s)
         key = self.key()
         creates = Budget(client, key.budget_name(PREFIX, "creates"), key.limits.creates_per_minute,
                          key.limits.creates_per_day, clock.now, early=clock.from_real(0.5), real_per_clock=clock.scale,

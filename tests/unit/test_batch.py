@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from fakes import FakeQueue
 
-from sume_poller import batch as batch_module
-from sume_poller.batch import BatchRunner, emit_metrics
-from sume_poller.messages import PollMessage
-from sume_poller.poller import Deadline, Outcome
-from sume_poller.queue import Outgoing
+from sume_poller.core.messages import PollMessage
+from sume_poller.poll import batch as batch_module
+from sume_poller.poll.batch import BatchRunner, emit_metrics
+from sume_poller.poll.poller import Deadline, Outcome
+from sume_poller.store.queue import Outgoing
 
 TOKEN = "ab" * 16
 

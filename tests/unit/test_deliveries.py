@@ -14,12 +14,12 @@ import pytest
 from fakes import FakeClock, refused, retry
 from test_poller import ENV, FixedCoverage, Rig
 
-from sume_poller.cadence import Cadence
-from sume_poller.coverage import Coverage, is_canary
-from sume_poller.deliveries import LATE_SHARE, LOST_WITHIN, MIN_SAMPLE, DeliveryStore, LatePlan, plans
-from sume_poller.messages import STATUS_PHASE, PollMessage
-from sume_poller.settings import DiscoverySettings, PollSettings
-from sume_poller.sume import Retryable
+from sume_poller.config.settings import DiscoverySettings, PollSettings
+from sume_poller.core.messages import STATUS_PHASE, PollMessage
+from sume_poller.discovery.coverage import Coverage, is_canary
+from sume_poller.discovery.deliveries import LATE_SHARE, LOST_WITHIN, MIN_SAMPLE, DeliveryStore, LatePlan, plans
+from sume_poller.poll.cadence import Cadence
+from sume_poller.sume.client import Retryable
 
 KINDS = {"image": (20.0, 0.4), "video": (360.0, 0.6), "ad_video": (720.0, 0.5)}
 
@@ -222,8 +222,8 @@ def test_a_probe_without_a_result_leaves_the_job_to_its_next_late_read_and_a_ref
 def test_a_verified_delivery_keeps_its_job_s_age_also_for_a_job_already_recorded_which_reads_nothing() -> None:
     from fakes import FakeLease, FakeQueue, FakeStore
 
-    from sume_poller.coverage import CoverageStore
-    from sume_poller.webhook import WebhookReceiver, signature
+    from sume_poller.discovery.coverage import CoverageStore
+    from sume_poller.discovery.webhook import WebhookReceiver, signature
 
     clock, store, queue, client = FakeClock(), FakeStore(), FakeQueue(), ListRedis()
     coverage = CoverageStore(client, "sume:poll:")

@@ -8,13 +8,13 @@ import json
 import pytest
 from fakes import FakeBudget, FakeClock, FakeCoverage, FakeLease, FakeQueue, FakeStore, FakeSume, refused
 
-from sume_poller.budget import Grant
-from sume_poller.lease import new_token
-from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, parse_message
-from sume_poller.sume import Listing
-from sume_poller.sweep import RARE_EVERY as SWEEP_RARE
-from sume_poller.sweep import Sweeper, SweepSettings
-from sume_poller.webhook import WebhookReceiver, signature
+from sume_poller.core.messages import RESULT_PHASE, STATUS_PHASE, parse_message
+from sume_poller.discovery.sweep import RARE_EVERY as SWEEP_RARE
+from sume_poller.discovery.sweep import Sweeper, SweepSettings
+from sume_poller.discovery.webhook import WebhookReceiver, signature
+from sume_poller.limits.budget import Grant
+from sume_poller.limits.lease import new_token
+from sume_poller.sume.client import Listing
 
 
 class Parts:

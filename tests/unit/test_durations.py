@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sume_poller.durations import (
+from sume_poller.schedule.durations import (
     MAX_SIGMA,
     MIN_OBSERVATIONS,
     MIN_SIGMA,

@@ -38,13 +38,13 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, LambdaFunctionUrlEvent, SQSEvent
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume
 
-from sume_poller.createqueue import DrainMessage
-from sume_poller.messages import RESULT_PHASE, STATUS_PHASE, VERSION, MessageError, PollMessage, parse_message
-from sume_poller.schedule import profile_key
-from sume_poller.settings import SubmitSettings
-from sume_poller.submit import Submitter, one_key
-from sume_poller.sume import Created
-from sume_poller.webhook import WebhookReceiver, raw_body, signature
+from sume_poller.config.settings import SubmitSettings
+from sume_poller.core.messages import RESULT_PHASE, STATUS_PHASE, VERSION, MessageError, PollMessage, parse_message
+from sume_poller.creates.createqueue import DrainMessage
+from sume_poller.creates.submit import Submitter, one_key
+from sume_poller.discovery.webhook import WebhookReceiver, raw_body, signature
+from sume_poller.schedule.planner import profile_key
+from sume_poller.sume.client import Created
 from tools.template import load as load_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -347,15 +347,15 @@ class CapturingDoor:
         self.events: list[dict[str, Any]] = []
 
     def submit(self, event: dict[str, Any]) -> Any:
-        from sume_poller.jobsapi import Reply
+        from sume_poller.api.jobsapi import Reply
 
         self.events.append(event)
         return Reply(202, {"status": "submitted"})
 
 
 def test_the_jobs_samples_read_one_recorded_job_and_post_a_submit_event() -> None:
-    from sume_poller.jobsapi import JobsApi
-    from sume_poller.reader import JobReader, JobsSettings
+    from sume_poller.api.jobsapi import JobsApi
+    from sume_poller.api.reader import JobReader, JobsSettings
 
     settings = JobsSettings.from_env(JOBS_ENV)
     job_id = load("get_job.json")["job_id"]

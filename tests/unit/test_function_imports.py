@@ -16,17 +16,23 @@ PROBE = ("import json, sys, app; print(json.dumps(sorted(m for m in sys.modules 
          "if m.startswith('sume_poller.') or m in ('redis', 'aws_lambda_powertools.utilities.batch'))))")
 #: function -> modules its handler must not load (``sume_poller.`` left out), and why.
 NOT_LOADED = {
-    "poll": {"sweep", "webhook", "submit", "createqueue", "drain", "fanout", "jobsapi", "reader"},
-    "fanout": {"schedule", "durations", "models", "sweep", "webhook", "submit", "drain", "poller", "sume"},
-    "submit": {"sweep", "webhook", "poller", "fanout", "drain", "jobsapi", "reader"},  # drain: SQS events only
-    "sweep": {"schedule", "webhook", "submit", "poller", "fanout", "drain", "jobsapi"},
-    "webhook": {"schedule", "sweep", "submit", "poller", "fanout", "drain", "sume", "jobsapi"},
+    "poll": {"discovery.sweep", "discovery.webhook", "creates.submit", "creates.createqueue", "creates.drain",
+             "poll.fanout", "api.jobsapi", "api.reader"},
+    "fanout": {"schedule.planner", "schedule.durations", "schedule.models", "discovery.sweep", "discovery.webhook",
+               "creates.submit", "creates.drain", "poll.poller", "sume.client"},
+    "submit": {"discovery.sweep", "discovery.webhook", "poll.poller", "poll.fanout", "creates.drain", "api.jobsapi",
+               "api.reader"},  # drain: SQS events only
+    "sweep": {"schedule.planner", "discovery.webhook", "creates.submit", "poll.poller", "poll.fanout", "creates.drain",
+              "api.jobsapi"},
+    "webhook": {"schedule.planner", "discovery.sweep", "creates.submit", "poll.poller", "poll.fanout", "creates.drain",
+                "sume.client", "api.jobsapi"},
     # Never talks to Redis or Sume: not the Redis client, nor the keys, budgets, leases or Sume client.
-    "jobs": {"redisconn", "budget", "lease", "gate", "keys", "sume", "submit", "poller", "schedule", "wiring.shared"},
+    "jobs": {"limits", "limits.redisconn", "limits.budget", "limits.lease", "limits.gate", "config.keys", "sume",
+             "sume.client", "creates.submit", "poll.poller", "schedule.planner", "wiring.shared"},
 }
 #: function -> a module of its own, which it does load.
-OWN = {"poll": "poller", "fanout": "fanout", "submit": "submit", "sweep": "sweep", "webhook": "webhook",
-       "jobs": "jobsapi"}
+OWN = {"poll": "poll.poller", "fanout": "poll.fanout", "submit": "creates.submit", "sweep": "discovery.sweep",
+       "webhook": "discovery.webhook", "jobs": "api.jobsapi"}
 
 
 def _loaded(function: str) -> set[str]:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sume_poller.messages import RESULT_PHASE, VERSION, MessageError, PollMessage, parse_message
+from sume_poller.core.messages import RESULT_PHASE, VERSION, MessageError, PollMessage, parse_message
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 

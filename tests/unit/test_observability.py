@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import logging
-from sume_poller.observability import logger, metrics, MetricUnit
+from sume_poller.core.observability import logger, metrics, MetricUnit
 logger.debug("line-debug")
 logger.info("line-info")
 logger.warning("line-warning")

@@ -24,21 +24,21 @@ from fakes import (
     status,
 )
 
-from sume_poller.budget import Grant, RateInfo
-from sume_poller.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
-from sume_poller.coverage import CANARY_EVERY, Coverage, is_canary
-from sume_poller.deliveries import LOST_WITHIN
-from sume_poller.durations import LogNormal
-from sume_poller.gate import ReadGate
-from sume_poller.keycheck import KEY_CHECK_WAIT
-from sume_poller.lease import new_token
-from sume_poller.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
-from sume_poller.outbox import completion_interval
-from sume_poller.poller import Poller
-from sume_poller.redisconn import Breaker
-from sume_poller.settings import PollSettings
-from sume_poller.step import PACED_HOP, Deadline, Outcome
-from sume_poller.sume import Listing, Oversized, Result
+from sume_poller.config.settings import PollSettings
+from sume_poller.core.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
+from sume_poller.discovery.coverage import CANARY_EVERY, Coverage, is_canary
+from sume_poller.discovery.deliveries import LOST_WITHIN
+from sume_poller.limits.budget import Grant, RateInfo
+from sume_poller.limits.gate import ReadGate
+from sume_poller.limits.lease import new_token
+from sume_poller.limits.redisconn import Breaker
+from sume_poller.poll.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
+from sume_poller.poll.keycheck import KEY_CHECK_WAIT
+from sume_poller.poll.outbox import completion_interval
+from sume_poller.poll.poller import Poller
+from sume_poller.poll.step import PACED_HOP, Deadline, Outcome
+from sume_poller.schedule.durations import LogNormal
+from sume_poller.sume.client import Listing, Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}
@@ -567,5 +567,5 @@ def test_the_poller_never_emits_metrics_itself() -> None:
     """Powertools' Metrics is not thread-safe: worker threads only return signals."""
     import inspect
 
-    import sume_poller.poller as module
+    import sume_poller.poll.poller as module
     assert "metrics" not in inspect.getsource(module).split('"""', 2)[2]

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sume_poller import schedule
-from sume_poller.durations import Interval, LogNormal, model_from
-from sume_poller.schedule import (
+from sume_poller.schedule import planner as schedule
+from sume_poller.schedule.durations import Interval, LogNormal, model_from
+from sume_poller.schedule.planner import (
     LONG_SCHEDULE,
     SHORT_SCHEDULE,
     Bounds,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sume_poller import settings
-from sume_poller.settings import ConfigError, FanOutSettings, PollSettings
+from sume_poller.config import settings
+from sume_poller.config.settings import ConfigError, FanOutSettings, PollSettings
 
 POLL = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
         "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}

@@ -17,7 +17,7 @@ from sim.run import run
 from sim.scheduler import Killed, Scheduler, SimExecutor
 from sim.world import START, World, deterministic
 
-from sume_poller.store import Ending, JobStore
+from sume_poller.store.records import Ending, JobStore
 
 
 # -- determinism -----------------------------------------------------------------------------------------
@@ -33,7 +33,7 @@ def test_a_run_leaves_the_process_as_it_found_it() -> None:
     import random
     import secrets
 
-    from sume_poller import batch
+    from sume_poller.poll import batch
 
     state, token_hex, deadline = random.getstate(), secrets.token_hex, batch.Deadline
     run(5)

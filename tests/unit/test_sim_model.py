@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sume_poller.clock import ORIGIN, Clock
+from sume_poller.core.clock import ORIGIN, Clock
 from tools.sume_sim.config import Config, updated
 from tools.sume_sim.http import api_keys, render
 from tools.sume_sim.model import Model, Reply, Request

@@ -7,10 +7,10 @@ import math
 
 import pytest
 
-from sume_poller.clock import Clock
-from sume_poller.lease import new_token
-from sume_poller.messages import RESULT_PHASE, PollMessage
-from sume_poller.step import HOP_TOLERANCE, Deadline, Run, plan
+from sume_poller.core.clock import Clock
+from sume_poller.core.messages import RESULT_PHASE, PollMessage
+from sume_poller.limits.lease import new_token
+from sume_poller.poll.step import HOP_TOLERANCE, Deadline, Run, plan
 
 NOW = 1_800_000_000.0
 CLOCK = Clock(0.5)  # two clock seconds a real second

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sume_poller.budget import RateInfo
-from sume_poller.sume import (
+from sume_poller.limits.budget import RateInfo
+from sume_poller.sume.client import (
     Pending,
     Retryable,
     Terminal,

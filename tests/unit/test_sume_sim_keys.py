@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sume_poller.clock import ORIGIN, Clock
+from sume_poller.core.clock import ORIGIN, Clock
 from tools.sume_sim.config import Config, derived_workspace, key_label, updated
 from tools.sume_sim.model import Model, Reply, Request
 from tools.sume_sim.spec import SpecError

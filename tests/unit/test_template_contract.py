@@ -1,5 +1,5 @@
 """The template's contract, read statically: every parameter bounded and documented (and listed in
-the README), handlers and environment wired, every custom-metric alarm on the namespace and
+the parameters page, docs/parameters.md), handlers and environment wired, every custom-metric alarm on the namespace and
 dimension the functions emit, nothing left at a Docker-only build method."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ RESOURCES: dict[str, Any] = TEMPLATE["Resources"]
 
 
 @pytest.mark.parametrize("name", sorted(PARAMETERS))
-def test_every_parameter_is_bounded_documented_and_in_the_readme(name: str) -> None:
+def test_every_parameter_is_bounded_documented_and_in_the_parameters_page(name: str) -> None:
     parameter = PARAMETERS[name]
     assert len(str(parameter.get("Description", ""))) > 20, f"{name} needs a description"
     if parameter["Type"] == "Number":
@@ -26,7 +26,8 @@ def test_every_parameter_is_bounded_documented_and_in_the_readme(name: str) -> N
         assert "MinValue" in parameter or "AllowedValues" in parameter, f"{name} has no lower bound"
     elif parameter["Type"] == "String":
         assert "AllowedValues" in parameter or "AllowedPattern" in parameter, f"{name} is not validated"
-    assert f"| `{name}` |" in (ROOT / "README.md").read_text(), f"{name} is not in the README's parameters table"
+    table = (ROOT / "docs" / "parameters.md").read_text()
+    assert f"| `{name}` |" in table, f"{name} is not in docs/parameters.md's table"
 
 
 def test_every_function_builds_without_docker_for_python313_arm64() -> None:

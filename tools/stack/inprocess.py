@@ -61,7 +61,7 @@ def _environment_changed() -> None:
     secrets: another stack in this process may have had other ones) and Powertools Metrics' namespace and service
     (the layer may have been imported before they were set)."""
     from sume_poller import runtime
-    from sume_poller.observability import metrics
+    from sume_poller.core.observability import metrics
 
     runtime.reset()
     metrics.namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE")
@@ -92,7 +92,7 @@ class Delivery:
     """One invocation of the poll function: what went in and what came out."""
 
     messages: list[dict[str, Any]]
-    report: Any  # sume_poller.batch.BatchReport, None when the invocation crashed
+    report: Any  # sume_poller.poll.batch.BatchReport, None when the invocation crashed
     failed: set[str]  # message ids left for SQS to deliver again
     crash: BaseException | None = None
 
@@ -129,7 +129,7 @@ class InProcessStack(Stack):
     def _start(self, stack: ExitStack) -> None:
         """Create the template's stack in moto, set this process's environment to the functions' (restored on exit),
         load their handlers."""
-        from sume_poller.observability import logger
+        from sume_poller.core.observability import logger
         from tools.services import MotoServer
         from tools.template import create_stack, load, translate
 

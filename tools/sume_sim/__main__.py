@@ -17,7 +17,7 @@ from types import FrameType
 from typing import Any
 
 try:
-    import sume_poller.clock  # noqa: F401 - only checks that the project's clock is importable
+    import sume_poller.core.clock  # noqa: F401 - only checks that the project's clock is importable
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "layers" / "sume_poller"))
 

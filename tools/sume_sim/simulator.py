@@ -11,7 +11,7 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Any
 
-from sume_poller.clock import Clock
+from sume_poller.core.clock import Clock
 from tools.sume_sim.config import DEFAULT_API_KEY, Config, updated
 from tools.sume_sim.http import API_PREFIX, CONTROL_PREFIX, SimServer
 from tools.sume_sim.model import Model

@@ -9,12 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .batch import BatchRunner
-    from .fanout import FanOut
-    from .jobsapi import JobsApi
-    from .submit import Submitter
-    from .sweep import Sweeps
-    from .webhook import WebhookReceiver
+    from .api.jobsapi import JobsApi
+    from .creates.submit import Submitter
+    from .discovery.sweep import Sweeps
+    from .discovery.webhook import WebhookReceiver
+    from .poll.batch import BatchRunner
+    from .poll.fanout import FanOut
 
 
 def poll_runner() -> BatchRunner:

@@ -29,6 +29,6 @@ _built: list[Any] = []
 
 def reset() -> None:
     """Forget every part, setting and cached secret of every loaded function module (the boto3
-    clients follow the environment themselves, see :func:`sume_poller.aws.client`)."""
+    clients follow the environment themselves, see :func:`sume_poller.core.aws.client`)."""
     for cached in _built:
         cached.cache_clear()

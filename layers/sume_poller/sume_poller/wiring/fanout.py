@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ..budget import Budget
-from ..fanout import FanOut, Lane
-from ..keys import KeyRing
-from ..lease import LeaseStore
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import FanOutSettings
-from ..store import JobStore
+from ..config.keys import KeyRing
+from ..config.settings import FanOutSettings
+from ..limits.budget import Budget
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..poll.fanout import FanOut, Lane
+from ..store.queue import PollQueue
+from ..store.records import JobStore
 from . import once
 from .shared import budget_of, checked, key_ring, limits, read_gate, redis_check, redis_client
 
@@ -25,7 +25,8 @@ def parts() -> tuple[FanOutSettings, JobStore, PollQueue, LeaseStore, KeyRing, C
     lease = LeaseStore(client, s.redis.key_prefix)
     ring = key_ring(s.keys, limits(s.budget))  # fan-out reads the default key's partitions whatever it holds
     probe = budget_of(client, s.redis.key_prefix, ring.first(), "reads", s.common, s.budget.reserve_every)
-    return (s, JobStore(s.common.jobs_table, s.jobs.pending_shards), PollQueue(s.poll_queue_url, s.common.clock),
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, retention_days=s.common.retention_days)
+    return (s, store, PollQueue(s.poll_queue_url, s.common.clock),
             lease, ring, redis_check(read_gate(lease, probe, s.redis, s.budget, s.common), s.redis))
 
 

@@ -7,10 +7,10 @@ import os
 
 from botocore.config import Config
 
-from ..aws import client
-from ..jobsapi import JobsApi, SubmitDoor
-from ..reader import JobReader, JobsSettings, presigner
-from ..store import JobStore
+from ..api.jobsapi import JobsApi, SubmitDoor
+from ..api.reader import JobReader, JobsSettings, presigner
+from ..core.aws import client
+from ..store.records import JobStore
 from . import once
 
 #: Pre-signed URLs: SigV4 (botocore's default for a pre-signed S3 URL is still SigV2 and the global

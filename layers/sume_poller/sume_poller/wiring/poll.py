@@ -7,20 +7,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..batch import BatchRunner
-from ..budget import Budget
-from ..cadence import Cadence
-from ..coverage import CoverageStore, CoverageView
-from ..events import EventBus
-from ..keys import PerKey, SumeKey
-from ..lease import LeaseStore
-from ..models import ModelCache
-from ..poller import Poller
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import PollSettings
-from ..store import JobStore, ResultBucket
-from ..sume import Refused
+from ..config.keys import PerKey, SumeKey
+from ..config.settings import PollSettings
+from ..discovery.coverage import CoverageStore, CoverageView
+from ..limits.budget import Budget
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..poll.batch import BatchRunner
+from ..poll.cadence import Cadence
+from ..poll.poller import Poller
+from ..schedule.models import ModelCache
+from ..store.events import EventBus
+from ..store.queue import PollQueue
+from ..store.records import JobStore, ResultBucket
+from ..sume.client import Refused
 from . import once
 from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
@@ -52,7 +52,8 @@ def parts() -> tuple[BatchRunner, ColdStartCheck]:
     ring = reader_ring(s.sume, s.keys, s.budget)
     lease = LeaseStore(client, prefix)
     queue = PollQueue(s.poll_queue_url, clock)
-    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, results=ResultBucket(s.result_bucket))
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, results=ResultBucket(s.result_bucket),
+                     retention_days=s.common.retention_days)
     bus, models = EventBus(s.event_bus_name), ModelCache(store, clock.now)
     result_max = s.result_max_megabytes * 1_000_000
 

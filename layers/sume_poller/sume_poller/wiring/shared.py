@@ -1,5 +1,5 @@
 """What the functions that talk to Redis and Sume share: the Redis client (one per container),
-the cold-start check of it (:class:`~sume_poller.redisconn.ColdStartCheck`: a misconfigured Redis
+the cold-start check of it (:class:`~sume_poller.limits.redisconn.ColdStartCheck`: a misconfigured Redis
 fails the invocation loudly, counted as ``RedisMisconfigured``; an unreachable one is an outage the
 parts ride out), the Sume keys (:func:`key_ring`: the default key from the function's settings, the
 others from the key configuration), each key's budgets and Sume client.
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..budget import Budget, LocalPacer
-from ..gate import ReadGate
-from ..keys import KeyRing, Limits, SumeKey
-from ..lease import LeaseStore
-from ..observability import MetricUnit, metrics
-from ..redisconn import ColdStartCheck, RedisMisconfigured, connect
-from ..settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
+from ..config.keys import KeyConfigError, KeyRing, Limits, SumeKey
+from ..config.settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
+from ..core.observability import MetricUnit, metrics
+from ..limits.budget import Budget, LocalPacer
+from ..limits.gate import ReadGate
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck, RedisMisconfigured, connect
 from . import once
 
 
@@ -34,8 +34,8 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
              webhook_secret: tuple[str, str] | None = None, *, default: bool = True) -> KeyRing:
     """The Sume keys this container serves: the default key (when ``default``) with what the
     function holds of it (its API key and/or webhook secret, each ``(name, "ssm" |
-    "secretsmanager")``), the others from the key configuration (see :mod:`sume_poller.keys`)."""
-    from ..credentials import Secret
+    "secretsmanager")``), the others from the key configuration (see :mod:`sume_poller.config.keys`)."""
+    from ..config.credentials import Secret
 
     if default:
         own: SumeKey | None = SumeKey(keys.default_id, defaults, Secret(*api_key) if api_key else _no_api_key,
@@ -47,9 +47,21 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
     config = Secret(keys.config_secret, "secretsmanager", max_age=keys.max_age)
 
     def read_config(force: bool) -> str:
+        """The key list's text; a list that does not exist (yet) is a configuration error the ring counts
+        (KeyConfigInvalid, alarmed) and, with no list read before, fails the call: serving the default key
+        alone would record every other key's jobs failed (key_removed)."""
+        from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
+
         if force:
             config.invalidate()
-        return config()
+        try:
+            return config()
+        except GetParameterError as exc:
+            if "ResourceNotFoundException" not in str(exc):
+                raise
+            raise KeyConfigError(f"the key configuration {keys.config_secret} does not exist: create that Secrets "
+                                 'Manager secret ({"keys": {}} while there are no keys) or deploy with '
+                                 "SumeKeysSecretName empty") from None
 
     return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults,
                    config_name=keys.config_secret, max_age=keys.max_age)
@@ -84,8 +96,8 @@ def read_gate(lease: LeaseStore, budget: Budget, settings: RedisSettings, budget
 
 def sume_client(settings: SumeSettings, **options: Any) -> Any:
     """A client of the deployment's one key (``SUME_API_KEY_NAME``)."""
-    from ..credentials import Secret
-    from ..sume import SumeClient
+    from ..config.credentials import Secret
+    from ..sume.client import SumeClient
 
     key = Secret(settings.api_key_name, settings.api_key_source)
     return SumeClient(settings.base_url, key, connect_timeout=settings.connect_timeout_real,
@@ -95,7 +107,7 @@ def sume_client(settings: SumeSettings, **options: Any) -> Any:
 def key_client(settings: SumeSettings, ring: KeyRing, key_id: str, **options: Any) -> Any:
     """A client of one key: every request asks the ring for the key's current value (a rotated
     key is picked up within the ring's cache, at once after a 401)."""
-    from ..sume import SumeClient
+    from ..sume.client import SumeClient
 
     return SumeClient(settings.base_url, lambda: ring.get(key_id).api_key(),
                       connect_timeout=settings.connect_timeout_real, read_timeout=settings.read_timeout_real,

@@ -7,18 +7,18 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..budget import NO_DAY_RESERVE, LocalPacer
-from ..keys import PerKey, SumeKey
-from ..lease import LeaseStore
-from ..models import ModelCache
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import SubmitSettings
-from ..store import JobStore
-from ..submit import SubmitKey, Submitter
+from ..config.keys import PerKey, SumeKey
+from ..config.settings import SubmitSettings
+from ..creates.submit import SubmitKey, Submitter
+from ..limits.budget import NO_DAY_RESERVE, LocalPacer
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..schedule.models import ModelCache
+from ..store.queue import PollQueue
+from ..store.records import JobStore
 
 if TYPE_CHECKING:
-    from ..drain import Drainer
+    from ..creates.drain import Drainer
 from . import once
 from .shared import budget_of, checked, key_client, read_gate, reader_ring, redis_check, redis_client
 
@@ -55,7 +55,7 @@ def submitter() -> Submitter:
 @once
 def drainer() -> Drainer:
     """The create queue's drain steps (over the submitter's parts: its keys, store and chains)."""
-    from ..drain import Drainer
+    from ..creates.drain import Drainer
 
     submit, check, keys, lease, default_id = parts()
     checked(check)

@@ -7,14 +7,14 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..coverage import CoverageStore
-from ..keys import KeyRing, PerKey, SumeKey
-from ..lease import LeaseStore
-from ..queue import PollQueue
-from ..redisconn import ColdStartCheck
-from ..settings import SweepFunctionSettings
-from ..store import JobStore
-from ..sweep import Sweeper, Sweeps, SweepSettings
+from ..config.keys import KeyRing, PerKey, SumeKey
+from ..config.settings import SweepFunctionSettings
+from ..discovery.coverage import CoverageStore
+from ..discovery.sweep import Sweeper, Sweeps, SweepSettings
+from ..limits.lease import LeaseStore
+from ..limits.redisconn import ColdStartCheck
+from ..store.queue import PollQueue
+from ..store.records import JobStore
 from . import once
 from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 

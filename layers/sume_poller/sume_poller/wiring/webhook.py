@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 
-from ..coverage import CoverageStore
-from ..keys import Limits, PerKey
-from ..lease import LeaseStore
-from ..queue import PollQueue
-from ..settings import WebhookSettings
-from ..store import JobStore
-from ..webhook import WebhookReceiver
+from ..config.keys import Limits, PerKey
+from ..config.settings import WebhookSettings
+from ..discovery.coverage import CoverageStore
+from ..discovery.webhook import WebhookReceiver
+from ..limits.lease import LeaseStore
+from ..store.queue import PollQueue
+from ..store.records import JobStore
 from . import once
 from .shared import key_ring, redis_client
 

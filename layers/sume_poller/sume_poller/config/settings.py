@@ -1,0 +1,475 @@
+"""Settings: read once per container from the environment, validated, frozen.
+
+Each function gets the settings it reads (:class:`PollSettings`, :class:`FanOutSettings`,
+:class:`SubmitSettings`, :class:`SweepFunctionSettings`, :class:`WebhookSettings`), built from
+small groups (:class:`SumeSettings`, :class:`RedisSettings`, ...). A field names its variable,
+default and bounds once, with :func:`setting`. ``template.yaml`` sets the variables; a missing or
+bad value fails the cold start with :class:`ConfigError`, which lists every problem, one line
+each, naming the variable - instead of failing later on the first message that needs it.
+
+Times are clock seconds (see :mod:`sume_poller.core.clock`) unless a name or docstring says real:
+socket timeouts and the lease's margins (processing and queueing lag) are spent in real time
+whatever ``TIME_SCALE`` says.
+
+Why no settings library: Powertools' parser or aws-lambda-env-modeler would replace ``Env``,
+:func:`setting` and :func:`declared` (about 100 lines) with pydantic models, and pydantic costs
+every cold start of every function. Measured in fresh interpreters that already hold Powertools'
+Logger and Metrics, the poll function's settings imported, declared and read (CPU time, median
+of 9; pydantic 2.14, Powertools 3.37, env-modeler 3.0): this module 15 ms compiled from source as
+the layer ships from a build host without python3.13 (11 ms from .pyc), Powertools' parser 224 ms
+(75 ms), aws-lambda-env-modeler 207 ms (71 ms) - over a third of the cold-start floor of bench
+figure 4 (about 580 ms), plus about 10 MB of pydantic and pydantic-core in the layer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Self, get_type_hints
+from urllib.parse import urlsplit
+
+from ..core.clock import Clock
+from ..core.jobs import valid_key_id
+
+#: SQS rejects DelaySeconds above this; longer waits are re-queued in hops.
+SQS_MAX_DELAY_SECONDS = 900
+
+#: template.yaml's PollQueue VisibilityTimeout and PollFunction Timeout. A claim on a job's lease
+#: must expire before SQS delivers a message whose poller crashed again: the claim may be taken as
+#: late as the end of the function's timeout, and the message comes back at the visibility
+#: timeout. So CLAIM_TTL_SECONDS is at most their difference (the template's ClaimTtlSeconds
+#: MaxValue; tests/unit/test_template_real_account.py ties the three together).
+POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 180
+POLL_FUNCTION_TIMEOUT_SECONDS = 30
+CLAIM_TTL_MAX_SECONDS = POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS - POLL_FUNCTION_TIMEOUT_SECONDS
+
+#: The largest result the poll function keeps (template.yaml's ResultMaxMegabytes MaxValue): what
+#: it can stream from Sume to S3 within its timeout. A result read without the time for it is
+#: re-queued to a fresh invocation (the poller's out_of_time and result_not_stored), which has the
+#: 30 s less the batch's 3 s safety margin and 3 s after the read (the terminal write): 24 s, of
+#: which 20 are the stream's (the rest: connecting, the first byte). 5 MB/s per container is a
+#: stated, conservative throughput for Sume to Lambda to S3 (loopback measures nothing of it),
+#: shared by the container's upload streams at once (store.UPLOAD_STREAMS): 20 x 5 / 2 = 50 MB.
+RESULT_STREAM_SECONDS = 20
+RESULT_STREAM_MB_PER_SECOND = 5
+RESULT_UPLOAD_STREAMS = 2
+RESULT_MAX_MEGABYTES_MAX = RESULT_STREAM_SECONDS * RESULT_STREAM_MB_PER_SECOND // RESULT_UPLOAD_STREAMS
+
+#: The most days RETENTION_DAYS (template.yaml's RetentionDays) keeps a finished job.
+RETENTION_DAYS_MAX = 3650
+
+#: A Redis host ending so is ElastiCache, reachable only from inside its VPC.
+ELASTICACHE_HOST_SUFFIX = ".cache.amazonaws.com"
+
+
+class ConfigError(ValueError):
+    """The environment does not describe a usable configuration."""
+
+
+class Env:
+    """Reads typed values from an environment mapping and collects every problem."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        self.problems: list[str] = []
+
+    def text(self, name: str, default: str | None = None) -> str:
+        value = self._env.get(name, "").strip()
+        if value:
+            return value
+        if default is None:
+            self.problems.append(f"{name} is required")
+            return ""
+        return default
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.text(name, default).lower()
+        if value not in choices:
+            self.problems.append(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+            return default
+        return value
+
+    def flag(self, name: str, default: bool) -> bool:
+        return self.choice(name, ("true", "false"), "true" if default else "false") == "true"
+
+    def integer(self, name: str, default: int, low: int, high: int) -> int:
+        return int(self._bounded(name, default, low, high, int, "an integer"))
+
+    def number(self, name: str, default: float, low: float, high: float) -> float:
+        return self._bounded(name, default, low, high, float, "a number")
+
+    def _bounded(self, name: str, default: float, low: float, high: float, parse: Callable[[str], float],
+                 what: str) -> float:
+        raw = self._env.get(name, "").strip()
+        if not raw:
+            return default
+        try:
+            value = parse(raw)
+        except ValueError:
+            self.problems.append(f"{name} must be {what}, not {raw!r}")
+            return default
+        if not low <= value <= high:
+            self.problems.append(f"{name} must be between {low:g} and {high:g}, not {value:g}")
+            return default
+        return value
+
+    def check(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.problems.append(problem)
+
+    def raise_problems(self, what: str) -> None:
+        if self.problems:
+            raise ConfigError(f"invalid {what} configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+#: The default of a :func:`setting` that must be set.
+REQUIRED = object()
+
+
+def setting(var: str, default: Any = REQUIRED, low: float | None = None, high: float | None = None) -> Any:
+    """A settings field read from the environment variable ``var``. Its default gives its type
+    (bool, int, float or str; :data:`REQUIRED`: a string that must be set), numbers their
+    inclusive bounds. The default is written once, here."""
+    return field(default="" if default is REQUIRED else default,
+                 metadata={"var": var, "required": default is REQUIRED, "low": low, "high": high})
+
+
+def schedule_period(var: str) -> Any:
+    """A field for a schedule's period: ``var`` holds whole real minutes (1-60); the field is in
+    clock seconds (a compressed clock fires the real-time schedule more often in clock time)."""
+    return field(default=60.0, metadata={"period": var})
+
+
+def declared(cls: type[Any], env: Env) -> dict[str, Any]:
+    """The values of ``cls``'s fields declared with :func:`setting`, read from ``env``."""
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        if "var" not in f.metadata:
+            continue
+        var, low, high, default = f.metadata["var"], f.metadata["low"], f.metadata["high"], f.default
+        if f.metadata["required"]:
+            values[f.name] = env.text(var)
+        elif isinstance(default, bool):
+            values[f.name] = env.flag(var, default)
+        elif isinstance(default, int):
+            values[f.name] = env.integer(var, default, int(low), int(high))
+        elif isinstance(default, float):
+            values[f.name] = env.number(var, default, float(low), float(high))
+        else:
+            values[f.name] = env.text(var, str(default))
+    return values
+
+
+class Group:
+    """A group of settings several functions share; ``read`` reads it from the environment."""
+
+    __slots__ = ()
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        return cls(**declared(cls, env))
+
+
+@dataclass(frozen=True, slots=True)
+class Common:
+    jobs_table: str
+    clock: Clock
+    #: Set only for local emulators: allows http:// Sume and a loopback Redis.
+    local_endpoints: bool
+    #: Days a finished job's record is kept once its outbox is done (0: forever; a DynamoDB TTL).
+    retention_days: int = 0
+
+    @classmethod
+    def read(cls, env: Env) -> Self:
+        scale = env.number("TIME_SCALE", 1.0, 0.0001, 1.0)
+        local = env.flag("LOCAL_ENDPOINTS", False)
+        env.check(scale == 1.0 or local,
+                  f"TIME_SCALE {scale:g} compresses the clock: only with LOCAL_ENDPOINTS=true (on AWS it is 1)")
+        return cls(jobs_table=env.text("JOBS_TABLE"), clock=Clock(scale), local_endpoints=local,
+                   retention_days=env.integer("RETENTION_DAYS", 0, 0, RETENTION_DAYS_MAX))
+
+
+@dataclass(frozen=True, slots=True)
+class SumeSettings(Group):
+    base_url: str
+    api_key_name: str
+    api_key_source: str  # "ssm" | "secretsmanager"
+    connect_timeout_real: float = setting("SUME_CONNECT_TIMEOUT", 3.0, 0.05, 30.0)
+    read_timeout_real: float = setting("SUME_READ_TIMEOUT", 10.0, 0.05, 60.0)
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        base = env.text("SUME_BASE_URL").rstrip("/")
+        parts = urlsplit(base)
+        env.check(not base or parts.scheme == "https" or (parts.scheme == "http" and common.local_endpoints),
+                  f"SUME_BASE_URL must be an https URL (http only with LOCAL_ENDPOINTS=true), not {base!r}")
+        return cls(base_url=base, api_key_name=env.text("SUME_API_KEY_NAME", ""),
+                   api_key_source=env.choice("SUME_API_KEY_SOURCE", ("ssm", "secretsmanager"), "ssm"),
+                   **declared(cls, env))
+
+
+@dataclass(frozen=True, slots=True)
+class KeySettings(Group):
+    """The Sume keys a deployment serves (:mod:`sume_poller.config.keys`): the default key's id (jobs and
+    events that name no key) and the key configuration's Secrets Manager secret, if any."""
+
+    default_id: str = "default"
+    config_secret: str | None = None
+    #: Real seconds the key configuration is reused before it is read again (a 401 reads it at once).
+    max_age: float = setting("SUME_KEYS_MAX_AGE", 60.0, 1.0, 3_600.0)
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        default_id = env.text("DEFAULT_KEY_ID", "default")
+        env.check(valid_key_id(default_id),
+                  f"DEFAULT_KEY_ID must be 1-32 letters, digits, '_' or '-', not {default_id[:40]!r}")
+        return cls(default_id=default_id, config_secret=env.text("SUME_KEYS_SECRET_NAME", "") or None,
+                   **declared(cls, env))
+
+
+@dataclass(frozen=True, slots=True)
+class RedisSettings(Group):
+    url: str
+    mode: str  # "standalone" | "cluster"
+    #: Secrets Manager secret with {"username": ..., "password": ...} (ElastiCache RBAC); optional.
+    secret_name: str | None
+    key_prefix: str = "sume:poll:"
+    timeout_real: float = setting("REDIS_TIMEOUT", 1.0, 0.05, 10.0)
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        url = env.text("REDIS_URL")
+        parts = urlsplit(url)
+        env.check(not url or parts.scheme in ("redis", "rediss"),
+                  "REDIS_URL must start with redis:// or rediss://")
+        env.check(parts.password is None and parts.username is None,
+                  "REDIS_URL must not carry credentials: put them in the secret named by REDIS_SECRET_NAME")
+        env.check(not url or common.local_endpoints or not is_loopback(parts.hostname),
+                  f"REDIS_URL points at {parts.hostname}: a loopback Redis is only valid with LOCAL_ENDPOINTS=true")
+        elasticache = (parts.hostname or "").lower().endswith(ELASTICACHE_HOST_SUFFIX)
+        env.check(not elasticache or common.local_endpoints or env.flag("IN_VPC", False),
+                  f"REDIS_URL points at {parts.hostname}: ElastiCache is reachable only inside its VPC: "
+                  "set SubnetIds and SecurityGroupIds (IN_VPC is not true)")
+        prefix = env.text("LEASE_KEY_PREFIX", "sume:poll:")
+        env.check(len(prefix) <= 64 and "{" not in prefix and "}" not in prefix,
+                  "LEASE_KEY_PREFIX must be at most 64 characters without braces")
+        return cls(url=url, mode=env.choice("REDIS_MODE", ("standalone", "cluster"), "standalone"),
+                   secret_name=env.text("REDIS_SECRET_NAME", "") or None, key_prefix=prefix, **declared(cls, env))
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseSettings(Group):
+    """Real seconds: they cover processing and queueing lag, which a compressed clock does not shorten."""
+
+    #: Lease time beyond each re-queue delay (SQS and Lambda lag, including a queue backlog).
+    margin: int = setting("LEASE_MARGIN_SECONDS", 120, 1, 3_600)
+    #: Lease time while one message is processed (longer than the poll function's timeout, at
+    #: most :data:`CLAIM_TTL_MAX_SECONDS`).
+    claim_ttl: int = setting("CLAIM_TTL_SECONDS", 60, 1, CLAIM_TTL_MAX_SECONDS)
+    #: Lease time of a chain that submit or fan-out just started: how long its first message
+    #: may wait in the queue before a fan-out tick may start another chain for the job.
+    start_ttl: int = setting("START_LEASE_SECONDS", 600, 1, 86_400)
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetSettings(Group):
+    """Sume's per-key budgets (0 = not limited here). Defaults: Sume's documented numbers."""
+
+    reads_per_minute: int = setting("READS_PER_MINUTE", 120, 0, 1_000_000)
+    reads_per_day: int = setting("READS_PER_DAY", 10_000, 0, 100_000_000)
+    creates_per_minute: int = setting("CREATES_PER_MINUTE", 10, 0, 1_000_000)
+    creates_per_day: int = setting("CREATES_PER_DAY", 300, 0, 100_000_000)
+    #: Poll invocations that may run at once: the local pacing while Redis is down divides the
+    #: budget by it, so every container together stays inside the budget.
+    max_concurrency: int = setting("POLL_MAX_CONCURRENCY", 5, 1, 1_000)
+    #: The day's reserve: one read per pending job per this many clock seconds (the safety
+    #: cadence of chains where bulk discovery covers their kind) is kept for the rest of the day.
+    reserve_every: float = setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings(Group):
+    #: A job still not terminal this long after submission is recorded timed_out.
+    max_age: int = setting("JOB_MAX_AGE_SECONDS", 86_400, 60, 366 * 86_400)
+    #: A 404 this soon after submission is read-after-create lag (retried), later it is final.
+    not_found_grace: int = setting("NOT_FOUND_GRACE_SECONDS", 300, 0, 86_400)
+    pending_shards: int = setting("PENDING_SHARDS", 8, 1, 64)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSettings(Group):
+    #: Use the learned schedule once a kind has enough observations.
+    learned: bool = setting("LEARNED_SCHEDULE", True)
+    min_interval: float = setting("MIN_POLL_INTERVAL", 2.0, 0.1, 3_600)
+    max_interval: float = setting("MAX_POLL_INTERVAL", 1_800.0, 1.0, 86_400)
+    #: The interval never exceeds this fraction of the job's age (detection-delay target).
+    age_fraction: float = setting("POLL_AGE_FRACTION", 0.5, 0.01, 10.0)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoverySettings(Group):
+    """Bulk discovery (sweeps of Sume's list route): what chains do where sweeps proved coverage."""
+
+    sweeps: bool = setting("SWEEPS", True)
+    #: Kinds whose create endpoint sends webhooks (empty: webhooks off).
+    webhook_kinds: frozenset[str] = frozenset()
+    #: A chain of a covered kind reads at most this often (clock seconds; never past its deadline)...
+    safety: float = setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
+    #: ... and hops this often to check that sweeps still cover its kind.
+    check: float = setting("SWEEP_CHECK_SECONDS", 180.0, 10.0, 3_600.0)
+
+    @classmethod
+    def read(cls, env: Env, common: Common) -> Self:
+        return cls(webhook_kinds=_kinds(env.text("WEBHOOK_KINDS", "")), **declared(cls, env))
+
+
+def _kinds(raw: str) -> frozenset[str]:
+    return frozenset(k.strip() for k in raw.split(",") if k.strip())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionSettings:
+    """What one function reads: ``common``, its :class:`Group` fields (each read by its group),
+    its fields declared with :func:`setting`, and what :meth:`read_own` adds. Validated once, at
+    cold start: :meth:`from_env` raises :class:`ConfigError` listing every problem. Every
+    function re-queues poll messages and touches leases, so these fields are everyone's."""
+
+    what: ClassVar[str]
+    common: Common
+    poll_queue_url: str = setting("POLL_QUEUE_URL")
+    redis: RedisSettings
+    lease: LeaseSettings
+    jobs: JobSettings
+    keys: KeySettings
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Self:
+        reader = Env(env)
+        common = Common.read(reader)
+        hints = get_type_hints(cls)
+        values: dict[str, Any] = {"common": common, **declared(cls, reader), **cls.read_own(reader, common)}
+        for f in fields(cls):
+            group = hints[f.name]
+            if isinstance(group, type) and issubclass(group, Group):
+                values[f.name] = group.read(reader, common)
+            elif "period" in f.metadata:
+                values[f.name] = common.clock.from_real(60.0 * reader.integer(f.metadata["period"], 1, 1, 60))
+        settings = cls(**values)
+        settings.check(reader)
+        reader.raise_problems(cls.what)
+        return settings
+
+    @classmethod
+    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
+        """Values that need more than :func:`setting` (the clock, several variables)."""
+        return {}
+
+    def check(self, env: Env) -> None:
+        """Checks across fields: add problems to ``env``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SumeReaderSettings(FunctionSettings):
+    """The functions that call Sume: its client and the shared budget."""
+
+    sume: SumeSettings
+    budget: BudgetSettings
+    #: Stop starting work when less than this much of the invocation is left (real ms).
+    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+
+    def check(self, env: Env) -> None:
+        env.check(bool(self.sume.api_key_name or self.keys.config_secret),
+                  "SUME_API_KEY_NAME (the default key) or SUME_KEYS_SECRET_NAME (the key configuration) is required")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PollSettings(SumeReaderSettings):
+    what: ClassVar[str] = "poll function"
+    event_bus_name: str = setting("EVENT_BUS_NAME", "default")
+    result_bucket: str = setting("RESULT_BUCKET")
+    #: A result larger than this is recorded completed with ``result_too_large``, never stored.
+    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, RESULT_MAX_MEGABYTES_MAX)
+    schedule: ScheduleSettings
+    discovery: DiscoverySettings = DiscoverySettings()
+
+    def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
+        timeout = self.sume.connect_timeout_real + self.sume.read_timeout_real
+        env.check(self.lease.claim_ttl > timeout,
+                  f"CLAIM_TTL_SECONDS must outlast one Sume request ({timeout:g} s of connect + read timeout)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOutSettings(FunctionSettings):
+    what: ClassVar[str] = "fan-out function"
+    budget: BudgetSettings
+    #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
+    period: float = schedule_period("FANOUT_PERIOD_MINUTES")
+    #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitSettings(SumeReaderSettings):
+    what: ClassVar[str] = "submit function"
+    schedule: ScheduleSettings
+    #: Kinds whose create endpoint accepts ``webhook_url`` (empty: webhooks off).
+    webhook_kinds: frozenset[str] = frozenset()
+    webhook_url: str | None = None
+    #: The create queue (the drains' messages); empty: submissions never queue.
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    #: A queued submission not created this long after it arrived is rejected (clock seconds).
+    queue_deadline: float = setting("SUBMIT_QUEUE_DEADLINE_SECONDS", 3_600.0, 60.0, 86_400.0)
+
+    @classmethod
+    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
+        return {"webhook_kinds": _kinds(env.text("WEBHOOK_KINDS", "")),
+                "webhook_url": env.text("WEBHOOK_URL", "") or None}
+
+    def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
+        env.check(not self.webhook_kinds or self.webhook_url is not None, "WEBHOOK_KINDS needs WEBHOOK_URL")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepFunctionSettings(SumeReaderSettings):
+    what: ClassVar[str] = "sweep function"
+    #: Between schedule ticks (a sweep runs on a tick only while it saves reads).
+    period: float = schedule_period("SWEEP_PERIOD_MINUTES")
+    max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
+    #: How long Sume's list may lag a job's terminal status (clock seconds).
+    lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
+    #: Percent of each read-budget window kept for list reads while sweeps are on (their lane).
+    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", 10, 1, 50)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookSettings(FunctionSettings):
+    what: ClassVar[str] = "webhook function"
+    #: The default key's signing secret (other keys' are in the key configuration).
+    secret_name: str = setting("WEBHOOK_SECRET_NAME", "")
+    secret_source: str = "secretsmanager"  # noqa: S105 (where the secret lives: "ssm" or "secretsmanager")
+    #: A delivery whose timestamp is further than this from now is refused (clock seconds).
+    tolerance: float = setting("WEBHOOK_TOLERANCE_SECONDS", 300.0, 1.0, 86_400.0)
+
+    @classmethod
+    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
+        return {"secret_source": env.choice("WEBHOOK_SECRET_SOURCE", ("ssm", "secretsmanager"), "secretsmanager")}
+
+    def check(self, env: Env) -> None:
+        env.check(bool(self.secret_name or self.keys.config_secret),
+                  "WEBHOOK_SECRET_NAME (the default key's) or SUME_KEYS_SECRET_NAME (the key configuration) "
+                  "is required")

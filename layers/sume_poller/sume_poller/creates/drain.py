@@ -1,0 +1,224 @@
+"""The drain: a key's queued submissions created head by head, in arrival order, as its create budget allows.
+
+One drain per key is a chain of messages on the create queue (:class:`~sume_poller.creates.createqueue.DrainMessage`)
+under the key's drain lease (``!drain:<key>``, the chain protocol of :mod:`sume_poller.limits.lease`:
+claim, rest, release), consumed by the submit function. One step:
+
+1. claim the lease (held by another delivery or drain: the message is dropped; free: this message
+   runs a fresh chain);
+2. read the queue's head (none: the lease is released and the drain ends; the queue is read once
+   more after that, so a submission queued meanwhile starts a drain again);
+3. a head whose submission is settled already (a step that crashed after settling it, or a duplicate
+   created without waiting) leaves the queue; a head past its deadline is recorded ``rejected``
+   with ``create_budget_exhausted`` (counted ``SubmissionsExpired``) and leaves it; a head of a key
+   the configuration no longer holds is recorded ``rejected`` with ``key_removed``;
+4. one create slot of the key's budget: a slot further away is reserved and the step re-queues
+   itself for it (the message carries the slot; a Lambda never waits);
+5. the create, with the submission's own Idempotency-Key: created -> the jobs are recorded and their
+   chains started (:meth:`~sume_poller.creates.submit.Submitter.record_created`, as submit does), the record
+   settled ``created`` with the job ids, the head leaves the queue; a 402 (or another refusal final
+   for the submission) -> recorded ``rejected``; a 429, a 5xx, an unknown outcome or a refused key
+   -> the same head again after ``Retry-After`` or a doubling backoff (the next create of it
+   replays the same Idempotency-Key: never billed twice);
+6. rest the lease on the next step and send it.
+
+Each step is safe to repeat: settling is conditional on the record still being queued by that
+head, leaving the queue is a delete, and a create repeated after a crash replays its
+Idempotency-Key. Fan-out restarts a drain that died (a non-empty queue, a free lease).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config.keys import UnknownKey
+from ..config.settings import SubmitSettings
+from ..core.observability import logger
+from ..limits.budget import RateInfo
+from ..limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from ..limits.redisconn import RedisFailure
+from ..store.queue import Outgoing, PollQueue
+from ..store.records import JobStore
+from ..store.submissions import CREATED, QUEUED, REJECTED
+from ..sume.client import Created, Refused
+from .createqueue import EXPIRED, KEY_REMOVED, DrainMessage, DrainMessageError, drain_lease
+from .submit import KEY_REFUSALS, SubmitKey, Submitter
+
+#: The longest backoff (clock seconds) between create attempts of one head after transient faults.
+BACKOFF_MAX = 300.0
+
+
+@dataclass
+class DrainReport:
+    """What one invocation's drain steps did (its metrics)."""
+
+    failures: list[str] = field(default_factory=list)
+    created: int = 0
+    rejected: int = 0
+    expired: int = 0
+    waited: int = 0
+    retried: int = 0
+    dropped: int = 0
+
+    def response(self) -> dict[str, Any]:
+        return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failures]}
+
+
+class Drainer:
+    def __init__(self, settings: SubmitSettings, submitter: Submitter, keys: Callable[[str | None], SubmitKey],
+                 store: JobStore, queue: PollQueue, lease: LeaseStore, default_key: str) -> None:
+        self.s = settings
+        self.clock = settings.common.clock
+        self.submitter = submitter
+        self.keys = keys
+        self.store = store
+        self.queue = queue
+        self.lease = lease
+        self.default_key = default_key
+
+    def run(self, event: dict[str, Any], remaining_ms: Callable[[], int]) -> DrainReport:
+        """An SQS batch of drain messages, one after the other; a message that fails (poison, an
+        AWS or Redis fault) is left for SQS to deliver again (and, repeated, to its dead-letter queue)."""
+        report = DrainReport()
+        for record in event.get("Records", []):
+            mid = str(record.get("messageId"))
+            if remaining_ms() < self.s.safety_margin_ms:
+                report.failures.append(mid)
+                continue
+            try:
+                self.step(DrainMessage.parse(record.get("body")), report, remaining_ms)
+            except DrainMessageError as exc:
+                logger.error("poison drain message", extra={"reason": str(exc)})
+                report.failures.append(mid)
+            except Exception as exc:
+                logger.exception("drain step failed; SQS delivers it again", extra={"error": type(exc).__name__})
+                report.failures.append(mid)
+        return report
+
+    def step(self, msg: DrainMessage, report: DrainReport, remaining_ms: Callable[[], int]) -> None:
+        key_id = msg.key or self.default_key
+        name = drain_lease(key_id)
+        nonce = new_nonce()
+        step, fresh = Step(msg.token, msg.seq, nonce), Step(new_token(), 0, nonce)
+        claim = self.lease.claim(name, step, fresh, self.s.lease.claim_ttl * 1000)
+        if claim is Claim.HELD:
+            logger.info("drain held by another step; message dropped", extra={"key": key_id})
+            report.dropped += 1
+            return
+        if claim is Claim.FRESH:
+            step, msg = fresh, replace(msg, token=fresh.token, seq=0)
+        logger.append_keys(key=key_id)
+        head = self._head(key_id)
+        if head is None:
+            self.lease.release(name, step.claimed)
+            if self.store.queue_head(key_id):  # queued while this step looked: drain again
+                self.submitter.start_drain(key_id, msg.key)
+            return
+        item, record = head
+        logger.append_keys(idempotency_key=item.get("idempotency_key"), queue_item=item["job_id"])
+        now = self.clock.now()
+        if record is None or record.get("status") != QUEUED or record.get("queue_item") != item["job_id"]:
+            self.store.dequeue(item["job_id"])  # settled already: only its queue item was left
+            self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
+            return
+        if now >= float(item["deadline_at"]):
+            unknown = {"unknown_attempts": msg.errors} if msg.errors else {}
+            if msg.errors:  # an attempt's outcome is unknown: Sume may have created it (a replay would say)
+                logger.error("a queued submission expired after create attempts of unknown outcome",
+                             extra={"attempts": msg.errors})
+            self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
+                                                "before its deadline (SubmitQueueDeadlineSeconds)"}, **unknown)
+            report.expired += 1
+            self._next(msg, step, 0.0, slot=msg.slot)
+            return
+        try:
+            k = self.keys(msg.key)
+        except UnknownKey as exc:
+            self._settle(item, REJECTED, error={"code": KEY_REMOVED, "message": str(exc)})
+            report.rejected += 1
+            self._next(msg, step, 0.0, slot=msg.slot)
+            return
+        deadline_in = float(item["deadline_at"]) - now
+        if msg.slot is not None and msg.slot - now > k.creates.early:  # its reserved slot is still ahead
+            self._next(msg, step, min(msg.slot - now, deadline_in), slot=msg.slot, errors=msg.errors)
+            report.waited += 1
+            return
+        grant = k.creates.take(mode="confirm", slot=msg.slot) if msg.slot is not None else k.creates.take()
+        if not grant.now:
+            slot = now + grant.wait if grant.granted else None
+            self._next(msg, step, min(grant.wait, deadline_in), slot=slot, errors=msg.errors)
+            report.waited += 1
+            return
+        self._create(k, msg, step, item, report, remaining_ms)
+
+    def _head(self, key_id: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """The queue's first item that still exists (the index may still list one just deleted),
+        and its submission record."""
+        for item_id in self.store.queue_head(key_id, limit=3):
+            item = self.store.get(item_id)
+            if item is not None:
+                return item, self.store.submission(key_id, str(item["idempotency_key"]))
+        return None
+
+    def _create(self, k: SubmitKey, msg: DrainMessage, step: Step, item: dict[str, Any], report: DrainReport,
+                remaining_ms: Callable[[], int]) -> None:
+        kind, key = str(item["kind"]), str(item["idempotency_key"])
+        params = json.loads(item["params"])
+        budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
+        outcome = k.sume.create(kind, params, key, budget=budget)
+        if isinstance(outcome, Created):
+            reply = self.submitter.record_created(k, kind, params, key, outcome, bool(item.get("derived_key")))
+            if reply["status"] == "submitted":
+                self._settle(item, CREATED, job_ids=reply["job_ids"], request_id=outcome.request_id,
+                             replayed=reply["replayed"])
+                report.created += 1
+            else:
+                self._settle(item, REJECTED, error={"code": reply["error"], "message": reply["error"]},
+                             request_id=outcome.request_id)
+                report.rejected += 1
+            self._next(msg, step, 0.0)
+            return
+        if isinstance(outcome, Refused) and outcome.why not in KEY_REFUSALS:  # a 402, a 400: final
+            self._settle(item, REJECTED, error={"code": outcome.code or outcome.why, "message": outcome.message or ""},
+                         http_status=outcome.http_status, request_id=outcome.request_id)
+            report.rejected += 1
+            self._next(msg, step, 0.0)
+            return
+        retry_after = outcome.retry_after if not isinstance(outcome, Refused) else None
+        if retry_after is not None:  # Sume's 429: every create of the key waits
+            with contextlib.suppress(*RedisFailure):
+                k.creates.feedback(RateInfo(retry_after=retry_after))
+        wait = retry_after if retry_after is not None else min(BACKOFF_MAX, 2.0 ** min(msg.errors, 16))
+        logger.warning("create of the queue's head failed; retried with the same Idempotency-Key",
+                       extra={"reason": getattr(outcome, "reason", None) or getattr(outcome, "why", None),
+                              "http_status": outcome.http_status, "wait": wait})
+        report.retried += 1
+        deadline_in = float(item["deadline_at"]) - self.clock.now()
+        self._next(msg, step, min(wait, max(0.0, deadline_in)), errors=msg.errors + 1)
+
+    def _settle(self, item: dict[str, Any], status: str, **values: Any) -> None:
+        """Record the head's outcome (while it is still queued by this head), then it leaves the queue."""
+        self.store.settle_submission(str(item["key"]), str(item["idempotency_key"]), str(item["job_id"]),
+                                     {"status": status, "settled_at": round(self.clock.now(), 3), **values})
+        self.store.dequeue(str(item["job_id"]))
+        logger.info("queued submission settled", extra={"submission_status": status, "queue_item": item["job_id"]})
+
+    def _next(self, msg: DrainMessage, step: Step, delay: float, *, slot: float | None = None,
+              errors: int = 0) -> None:
+        """Rest the lease on the next step and send it, due in ``delay`` (at most one SQS delay:
+        a longer wait takes several hops, the slot carried along)."""
+        delay = max(0.0, min(delay, self.queue.max_delay))
+        nxt = DrainMessage(step.token, step.seq + 1, msg.key, errors, None if slot is None else round(slot, 3))
+        name = drain_lease(msg.key or self.default_key)
+        ttl = self.clock.to_real(delay) + self.s.lease.margin
+        if not self.lease.rest(name, step, max(1, int(ttl * 1000))):
+            logger.warning("drain lease lost; another drain goes on", extra={"key": msg.key or self.default_key})
+            return
+        if self.queue.send([Outgoing("next", nxt.to_json(), delay)]):
+            with contextlib.suppress(*RedisFailure):
+                self.lease.release(name, f"{step.token}:{step.seq + 1}")
+            raise RuntimeError("the drain's next message was not sent")  # this message comes again

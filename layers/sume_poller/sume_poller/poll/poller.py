@@ -1,0 +1,301 @@
+"""The poll step: one SQS message of a job's chain, at most one Sume read (two: a status read, then the result).
+
+For each message (step ``n`` of chain ``T``)::
+
+    plan (pure, step.py): due now or a hop; the read slot's mode; the lease TTL
+    gate: claim the lease and take a read slot      (one Redis round trip, gate.py)
+      held by another chain / a duplicate       -> drop quietly
+      lease was free                            -> a new chain: the record says whether a read is
+                                                   still needed (else finish its outbox); then the slot
+      Redis cannot be asked                     -> the record's fence instead of the lease, this
+                                                   container's outage pacer instead of the budget
+    past the deadline                           -> record timed_out
+    not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
+    no read slot now                            -> re-queue for the reserved slot (keeping the lease)
+    status phase: GET /jobs/{id} (a late chain of a webhook kind probes /result instead: deliveries.py)
+      running / transient fault / 404 in its grace window -> re-queue at the next read time (cadence.py)
+      failed, canceled, expired                 -> record it
+      completed, result_ready false             -> result phase: wait, reading the status (Sume's gate)
+      completed (result ready, or no gate)      -> GET /jobs/{id}/result at once
+      401, or 403 that the key check blames on the key -> pause every read key-wide
+      403 on this job only, or its key removed  -> record failed (key_removed: wiring/poll.py's RemovedKey)
+    result phase: GET /jobs/{id}/result         -> record it with the result (inline, or streamed to S3)
+      not there (404/409/425)                   -> a job only a list or webhook called finished: its status
+                                                   read; else wait (result-phase backoff) until the deadline
+    recording (outbox.py): the conditional write, once; its outbox; the lease released
+
+Only the job's own routes (or a verified webhook's signed word) make it terminal. Each step works on a
+:class:`~sume_poller.poll.step.Run` (the chain so far, what holds the job, its reads) and returns an
+:class:`~sume_poller.poll.step.Outcome` whose next message (``send``) the batch adapter sends with the batch's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config.settings import PollSettings
+from ..core.aws import AwsError
+from ..core.clock import Clock
+from ..core.jobs import PENDING, error_delay, result_wait_delay
+from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, PollMessage
+from ..core.observability import logger
+from ..limits.gate import ReadGate
+from ..limits.lease import Claim, Step, new_nonce, new_token
+from ..store.events import EventBus
+from ..store.queue import Outgoing, PollQueue
+from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
+from ..sume.client import Oversized, Pending, Refused, Result, ResultStream, Retryable, StreamTimeout, SumeClient
+from .cadence import Cadence
+from .holds import FenceHold, LeaseHold, NoHold
+from .keycheck import KEY_PAUSE, KeyCheck
+from .outbox import Finisher, StepHook
+from .results import keep_result
+from .step import AFTER_READ_REAL, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
+
+
+class Poller:
+    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: SumeClient, store: JobStore,
+                 bus: EventBus, queue: PollQueue, cadence: Cadence) -> None:
+        self.s = settings
+        self.clock: Clock = settings.common.clock
+        self.gate, self.sume, self.store, self.queue, self.cadence = gate, sume, store, queue, cadence
+        #: Test seam: called after each named step; the fault suite raises from it to crash there.
+        self.step_hook: StepHook | None = None
+        self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook)
+        self.keys = KeyCheck(sume, self.clock, gate)
+
+    def _step(self, name: str, job_id: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(name, job_id)
+
+    # -- entry ----------------------------------------------------------------------------------
+    def process(self, msg: PollMessage, deadline: Deadline) -> Outcome:
+        if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+            # Not enough of the invocation left to finish a step: the same message goes back.
+            return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
+        if msg.phase == OUTBOX_PHASE:  # fan-out's: the record says what is left; no lease, no read
+            return Outcome(self.finisher.settle(msg.job_id, self.store.get(msg.job_id), NoHold()))
+        now = self.clock.now()
+        msg = self.cadence.adjust(msg, now)
+        p = plan(msg, now, clock=self.clock, max_delay=self.queue.max_delay, margin_real=self.s.lease.margin,
+                 claim_ttl_real=self.s.lease.claim_ttl, patience=self.cadence.patience)
+        nonce = new_nonce()
+        step, fresh = (Step(msg.token, msg.seq, nonce) if msg.token else None), Step(new_token(), 0, nonce)
+        passage = self.gate.enter(msg.job_id, step or fresh, fresh, p.ttl_ms, mode=p.mode, max_wait=p.patience,
+                                  slot=msg.slot_at or 0.0)
+        if passage.claim is None:
+            return self._unleased(msg, p.hop, deadline, passage.failure or "")
+        self.cadence.pending = self.gate.pending
+        if passage.claim is Claim.HELD:
+            logger.info("another chain or delivery holds the job; message dropped", extra={"seq": msg.seq})
+            return Outcome("contention")
+        held = step if passage.claim is Claim.OWN and step else fresh
+        run = Run(msg.next(token=held.token, seq=held.seq, paced_at=None), LeaseHold(self.gate.lease, msg.job_id, held),
+                  deadline)
+        self._step("claimed", msg.job_id)
+        grant = passage.grant
+        if passage.claim is Claim.FRESH:  # the lease was free: does the job still need a read?
+            record = self.store.get(msg.job_id)
+            if record is None or record.get("status") != PENDING:
+                return run.outcome(self.finisher.settle(msg.job_id, record, run.hold))
+            run.refresh(record)
+            if p.mode != "none":
+                grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
+        return self._advance(run, p.hop, grant)
+
+    def _unleased(self, msg: PollMessage, hop: float | None, deadline: Deadline, failure: str) -> Outcome:
+        """Redis cannot be asked: the record's fence (first: a duplicate stops before any slot), then
+        the outage pacer's slot, carried in the message (``paced_at``) while the step waits for it."""
+        run = Run(msg if msg.token else msg.next(token=new_token(), seq=0),
+                  FenceHold(self.store, msg.job_id, self.clock.from_real(self.s.lease.margin)), deadline)
+        run.signal(failure)
+        now = self.clock.now()
+        if hop is None and now < run.chain.deadline_at:
+            fence = self.store.fence(msg.job_id, run.chain.token or "", run.chain.seq, now=now,
+                                     hold=self.clock.from_real(self.s.lease.claim_ttl))
+            if not fence.won:
+                return run.outcome(self.finisher.settle(msg.job_id, fence.record, run.hold, duplicate=True))
+            wait = run.chain.paced_at - now if run.chain.paced_at is not None else self.gate.pace()
+            if wait > self.gate.budget.early:
+                return self._requeue(run, due=now, name="budget_wait", paced_at=round(now + wait, 3))
+            run.chain = run.chain.next(paced_at=None)
+        return self._advance(run, hop, None)
+
+    # -- the state machine ------------------------------------------------------------------------
+    def _advance(self, run: Run, hop: float | None, grant: Any) -> Outcome:
+        now, chain = self.clock.now(), run.chain
+        if now >= chain.deadline_at:
+            return self._timed_out(run)
+        if hop is not None:
+            return self._requeue(run, due=chain.due_at, name="hopped", slot_at=chain.slot_at)
+        if grant is not None and not grant.now:
+            return self._wait_for_slot(run, grant)
+        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+            return self._requeue(run, due=now, name="out_of_time")
+        facts = chain.outcome or {}
+        if chain.phase == RESULT_PHASE and facts.get("status") != "completed" and facts.get("source") == "webhook":
+            return self._finish(run, str(facts["status"]), facts.get("error"))  # Sume's signed word: no read
+        if chain.phase == RESULT_PHASE and (facts.get("status") != "completed" or facts.get("result_ready") is False):
+            run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
+            return self._read_status(run)
+        probe = chain.phase == STATUS_PHASE and self.cadence.probes(chain, now)  # a late chain: the result route
+        return self._fetch_result(run) if chain.phase == RESULT_PHASE or probe else self._read_status(run)
+
+    def _wait_for_slot(self, run: Run, grant: Any) -> Outcome:
+        now = self.clock.now()
+        if grant.granted:
+            at = now + grant.wait
+            return self._requeue(run, due=at, name="budget_wait", slot_at=at,
+                                 signal="KeyPaused" if grant.key_paused else "BudgetExhausted")
+        if grant.key_paused:
+            return self._requeue(run, due=now + grant.wait + self.cadence.rng.uniform(0, 30), name="key_paused",
+                                 signal="KeyPaused")
+        return self._requeue(run, due=now + self.cadence.defer(run.chain, now, grant.wait), name="deferred")
+
+    def _read_status(self, run: Run) -> Outcome:
+        reply = self.sume.get_status(run.chain.job_id, budget=run.deadline.call_budget())
+        now = self.clock.now()
+        self._step("read", run.chain.job_id)
+        self.gate.tell(reply.rate, now)
+        run.read_status()
+        if isinstance(reply, Retryable):
+            return self._transient(run, reply)
+        if isinstance(reply, Refused):
+            return self._refused(run, reply)
+        self.keys.read_fine(run.chain.job_id)
+        if isinstance(reply, Pending):
+            if reply.unknown_status:
+                logger.warning("unknown Sume status; treating it as not terminal",
+                               extra={"sume_status": reply.status, "request_id": reply.request_id})
+                run.signal("UnknownStatus")
+            due, normal = self.cadence.next_read(run.chain, now, reply.next_poll_after)
+            return self._requeue(run, due=due, name="stretched" if normal else "requeued", errors=0,
+                                 seen_running_at=now, normal_due=normal, found_by=None)
+        if run.chain.phase != RESULT_PHASE and (failure := self.cadence.found(run.chain, now, reply.status)):
+            run.signal(failure)  # the find that proves (or disproves) sweeps' coverage was not kept
+        outcome = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error,
+                   "source": "status", "result_ready": reply.result_ready if reply.gated else None}
+        run.chain = run.chain.next(seen_terminal_at=run.chain.seen_terminal_at or now, errors=0,
+                                   outcome={k: v for k, v in outcome.items() if v is not None})
+        if reply.status != "completed":
+            return self._finish(run, reply.status, reply.error)
+        run.chain = run.chain.next(phase=RESULT_PHASE)
+        if not reply.result_ready:  # Sume's gate: the wait reads the status until it opens
+            wait = max(reply.next_poll_after or 0.0, result_wait_delay(run.chain.result_waits, self.cadence.rng))
+            return self._requeue(run, due=now + wait, name="result_not_ready", signal="ResultNotReady",
+                                 result_waits=run.chain.result_waits + 1)
+        if now >= run.chain.deadline_at:  # the result at once, if the job may still be read...
+            return self._timed_out(run)
+        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # ...and the invocation has the time
+            return self._requeue(run, due=now, name="out_of_time")
+        grant = self.gate.take("ahead")
+        return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
+
+    def _fetch_result(self, run: Run) -> Outcome:
+        deadline = run.deadline
+        reply = self.sume.get_result(run.chain.job_id, budget=deadline.call_budget(), inline_limit=INLINE_RESULT_BYTES,
+                                     time_left=lambda: deadline.left() - AFTER_READ_REAL)
+        now = self.clock.now()
+        self._step("result", run.chain.job_id)
+        self.gate.tell(reply.rate, now)
+        run.read_result()
+        if isinstance(reply, Result | ResultStream | Oversized):
+            if run.chain.phase == STATUS_PHASE:  # a late chain's probe found the result: the chain's own find
+                run.chain = run.chain.next(seen_terminal_at=now)
+                run.signals.extend(filter(None, [self.cadence.found(run.chain, now, "completed")]))
+            try:
+                stored = keep_result(self.store, run.chain.job_id, reply, self.sume.result_max_bytes)
+            except (StreamTimeout, *AwsError) as exc:
+                logger.warning("result not stored; fetching it again", extra={"error": type(exc).__name__})
+                return self._transient(run, Retryable("result_not_stored"))
+            return self._finish(run, "completed", stored.pop("error", None), result=stored)
+        if isinstance(reply, Refused) and reply.why in ("key", "forbidden"):
+            return self._refused(run, reply)
+        if reply.http_status in (404, 409, 425):  # not there (yet): Sume may say it with any of them
+            return self._result_not_there(run, reply, now)
+        if isinstance(reply, Refused) and run.chain.phase == RESULT_PHASE:  # (a probe's: a status read next)
+            return self._finish(run, "completed", {"code": reply.code or f"http_{reply.http_status}",
+                                                   "message": reply.message or "Sume refused the result"})
+        return self._transient(run, reply if isinstance(reply, Retryable) else Retryable("probe_refused"))
+
+    def _result_not_there(self, run: Run, reply: Retryable | Refused, now: float) -> Outcome:
+        """A job only a list or webhook called completed goes back to a status read (once); else the
+        result is late: the result route again, on the result-phase backoff, until the deadline."""
+        if run.chain.phase == STATUS_PHASE:  # a probe: not completed yet (or failed): the next late read
+            return self._requeue(run, name="probed", **self.cadence.late_read(run.chain, now))
+        log = {"http_status": reply.http_status, "request_id": reply.request_id, "waits": run.chain.result_waits}
+        if (run.chain.outcome or {}).get("source") in ("list", "webhook"):
+            logger.info("no result for a job reported finished; its status decides", extra=log)
+            return self._requeue(run, due=now, name="unconfirmed", phase=STATUS_PHASE, outcome=None)
+        since = now - (run.chain.seen_terminal_at or now)
+        (logger.info if since < self.s.jobs.not_found_grace else logger.warning)(
+            "result not there yet; waiting for it", extra={**log, "seconds_since_terminal": round(since)})
+        retry_after = reply.retry_after if isinstance(reply, Retryable) else None
+        wait = retry_after if retry_after is not None else result_wait_delay(run.chain.result_waits, self.cadence.rng)
+        return self._requeue(run, due=now + wait, name="result_not_ready", signal="ResultNotReady",
+                             result_waits=run.chain.result_waits + 1)
+
+    def _transient(self, run: Run, reply: Retryable) -> Outcome:
+        errors = run.chain.errors + 1
+        delay = error_delay(errors, reply.retry_after, self.cadence.rng)
+        logger.warning("transient Sume fault; re-queued", extra={"reason": reply.reason, "errors": errors,
+                       "http_status": reply.http_status, "request_id": reply.request_id, "delay": round(delay, 1)})
+        return self._requeue(run, due=self.clock.now() + delay, name="transient", errors=errors,
+                             signal="SumeThrottled" if reply.http_status == 429 else None)
+
+    def _refused(self, run: Run, reply: Refused) -> Outcome:
+        now, chain = self.clock.now(), run.chain
+        log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id}
+        if reply.why == "not_found" and chain.phase != RESULT_PHASE:
+            submitted = chain.submitted_at or chain.deadline_at - self.s.jobs.max_age
+            if now - submitted < self.s.jobs.not_found_grace:
+                logger.info("404 soon after submission (read-after-create lag); retrying", extra=log)
+                run.signal("NotFoundGrace")
+                return self._transient(run, Retryable("not_found_yet", http_status=404))
+        key_refused = reply.why == "key" or (reply.why == "forbidden" and self.keys.refused(run.deadline))
+        if key_refused is None:  # no read slot soon enough for the key check: ask again later
+            return self._transient(run, Retryable("key_check_waits", http_status=reply.http_status))
+        if key_refused:
+            logger.error("Sume refused the API key: every read paused", extra={**log, "pause_seconds": KEY_PAUSE})
+            self.gate.pause_key(KEY_PAUSE)
+            return self._requeue(run, due=now + KEY_PAUSE + self.cadence.rng.uniform(0, 30), name="key_rejected",
+                                 signal="SumeAuthFailed")
+        if reply.why == "removed":
+            run.signal("KeyRemoved")
+        logger.error({"forbidden": "Sume forbids this job (another workspace); recording it as failed",
+                      "removed": "the job's key is no longer configured; recording it as failed"}.get(
+                          reply.why, "Sume refused this job; recording it as failed"), extra=log)
+        return self._finish(run, "failed", {"code": reply.code or reply.why,
+                                            "message": reply.message or f"Sume answered {reply.http_status}"})
+
+    # -- ending -----------------------------------------------------------------------------------
+    def _timed_out(self, run: Run) -> Outcome:
+        return self._finish(run, "timed_out", {"code": "result_not_ready" if run.chain.phase == RESULT_PHASE else
+                                               "deadline_exceeded", "message": "watched until the job's deadline"})
+
+    def _finish(self, run: Run, status: str, error: dict[str, str] | None, *,
+                result: dict[str, Any] | None = None) -> Outcome:
+        chain = run.chain
+        ending = Ending(status, (chain.outcome or {}).get("sume_status"), error, result or {}, chain.reads,
+                        chain.result_reads, chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain")
+        name = self.finisher.record(chain.job_id, ending, run.hold)
+        return run.outcome(name, status=status if name == "terminal" else None)
+
+    def _requeue(self, run: Run, *, due: float, name: str, signal: str | None = None, **changes: Any) -> Outcome:
+        """Rest the hold until the next step is due (never past the deadline); hand that step back."""
+        now = self.clock.now()
+        due = min(max(due, now), float(run.chain.deadline_at))
+        nxt = run.chain.next(seq=run.chain.seq + 1, due_at=round(due, 3), **changes)
+        delay = min(max(due, nxt.paced_at or 0.0) - now, self.queue.max_delay)
+        if nxt.normal_due is not None:  # a stretched chain hops to check that sweeps still cover it
+            delay = min(delay, self.s.discovery.check)
+        if nxt.paced_at is not None:  # waiting for the outage pacer: back soon, in case Redis is
+            delay = min(delay, PACED_HOP)
+        if signal:
+            run.signal(signal)
+        if not run.hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
+            logger.warning("lease lost before re-queue; another chain owns the job")
+            return run.outcome("lease_lost")
+        self._step("rested", run.chain.job_id)
+        return run.outcome(name, send=Outgoing(run.chain.job_id, nxt.to_json(), delay), undo=run.hold.undo_rest)
+
