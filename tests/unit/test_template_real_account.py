@@ -423,7 +423,7 @@ def test_post_jobs_outwaits_the_submit_function_within_its_own_timeout() -> None
     r = resolver()
     submit, jobs = r.functions["SubmitFunction"].timeout, r.functions["JobsFunction"].timeout
     assert submit < INVOKE_READ_TIMEOUT_S == INVOKE_CONFIG.read_timeout < jobs
-    assert INVOKE_CONFIG.retries == {"mode": "standard", "max_attempts": 1}  # a retried Invoke submits again
+    assert INVOKE_CONFIG.retries == {"mode": "standard", "total_max_attempts": 1}  # a retried Invoke submits again
     spec = PARAMETERS["ResultUrlExpirySeconds"]
     assert (spec["MinValue"], spec["Default"], spec["MaxValue"]) == (30, 300, 3600)
     assert resolver(ResultUrlExpirySeconds="45").functions["JobsFunction"].environment[

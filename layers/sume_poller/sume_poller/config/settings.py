@@ -305,6 +305,10 @@ class JobSettings(Group):
     max_age: int = setting("JOB_MAX_AGE_SECONDS", 86_400, 60, 366 * 86_400)
     #: A 404 this soon after submission is read-after-create lag (retried), later it is final.
     not_found_grace: int = setting("NOT_FOUND_GRACE_SECONDS", 300, 0, 86_400)
+    #: How long per-job reads refused with a status the contract does not name for them (a 4xx but
+    #: 401/403/404 on the job; a result refused after the status said completed) are retried before
+    #: the refusal is recorded (clock seconds).
+    refusal_window: int = setting("REFUSAL_WINDOW_SECONDS", 3_600, 300, 86_400)
     pending_shards: int = setting("PENDING_SHARDS", 8, 1, 64)
 
 
