@@ -89,6 +89,9 @@ class Checker:
         world.ddb.observers.append(self._write)
         world.ddb.update_observers.append(self._update)
         world.sume.watch.append(self._read)
+        world.sume.creates.append(self._created)
+        #: A job Sume created -> the idempotency key of the create that did.
+        self.created_by: dict[str, str] = {}
         world.sqs.observers.append(self._sent)
         world.delivery_failed.append(self._delivery_failed)
         world.events.observers.append(self.note)
@@ -145,6 +148,18 @@ class Checker:
             self.note(data["job_id"], f"sent {queue} {data.get('phase', 'status')} seq {data.get('seq')}"
                       f" due {data.get('due_at', 0) - self.world.sched.now:+.0f}s")
 
+    def _created(self, key: str, status: int, body: bytes, actor: Any) -> None:
+        from sume_poller.sume.client import extract_job_ids
+
+        try:
+            ids = list(extract_job_ids(json.loads(body)))
+        except ValueError:
+            ids = []
+        self.note(f"sub {key}", f"create answered {status}" + (f": {ids}" if ids else ""))
+        for job in ids:
+            self.created_by.setdefault(job, key)
+            self.note(job, f"created (idempotency key {key}, answer {status})")
+
     def _delivery_failed(self, body: str) -> None:
         job = _job_of(body)
         if job:
@@ -175,6 +190,13 @@ class Checker:
         return any(low < t <= high for t in self.world.redis.losses)
 
     def _write(self, table: str, key: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if key.startswith("#sub:"):
+            self.note(f"sub {key.split(':', 2)[2]}", f"submission record {_s(old, 'status')} -> {_s(new, 'status')}")
+            return
+        if key.startswith("#q:"):
+            idem = _s(new or old, "idempotency_key")
+            self.note(f"sub {idem}", "queued" if new is not None else "left the queue")
+            return
         if key.startswith("#"):
             return
         before, after = _s(old, "status"), _s(new, "status")
@@ -235,7 +257,11 @@ class Checker:
             record = records.get(job_id)
             if record is None:
                 if complete:
-                    self.fail("deadline", job_id, "Sume created this job (billed) and it was never recorded")
+                    key = self.created_by.get(job_id)
+                    self.fail("deadline", job_id, "Sume created this job (billed) and it was never recorded"
+                              + (f" (the create with idempotency key {key})" if key else ""))
+                    for entry in self.history.get(f"sub {key}", []):
+                        self.history[job_id].append(entry)
                 continue
             self._finished(job_id, record, complete)
         for job_id in records:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .miniredis import Client, Server
 
@@ -30,6 +31,8 @@ class RedisWorld:
         #: Called before each single command with (actor, command name, its arguments).
         self.observers: list[Callable[[Any, str, list[str]], None]] = []
         self._client = Client(self.server, self._gate, self._lost)
+        #: The layer's socket timeout (``REDIS_TIMEOUT``, real seconds): a command held up longer fails.
+        self.timeout = 1.0
 
     @property
     def down(self) -> bool:
@@ -40,7 +43,11 @@ class RedisWorld:
         return self._client
 
     def _gate(self, name: str, args: list[str] | None) -> None:
+        sent = self.sched.now
         self.sched.point(f"redis {name}")
+        if self.sched.now - sent > self.timeout:  # the caller was paused past its socket timeout
+            self.sched.note_fault("redis command timed out (the caller was paused)")
+            raise RedisTimeoutError("Timeout reading from socket (simulated: the caller was paused)")
         if self.down:
             self.sched.note_fault("redis down")
             raise RedisConnectionError("Error 111 connecting to redis. Connection refused (simulated outage).")

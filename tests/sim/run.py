@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from typing import Any
 from .invariants import Checker, Violation
 from .plan import Plan, draw
 from .scheduler import Scheduler
-from .world import START, EventSource, Every, IndexLag, Webhooks, World, deterministic
+from .world import START, EventSource, Every, IndexLag, Webhooks, World, deterministic, the_layers_aws
 
 #: The clock runs on at most this long past the last job's deadline (then the run stops: "horizon").
 HORIZON_AFTER_DEADLINE = 1_800.0
@@ -40,8 +41,9 @@ def run(seed: int, *, plan: Plan | None = None) -> Result:
     started = time.process_time()
     plan = plan or draw(seed)
     sched = Scheduler(seed, START, advance=plan.advance, mode=plan.mode)
-    with deterministic(seed, sched):
+    with deterministic(seed, sched), contextlib.ExitStack() as stack:
         world = World(plan, sched)
+        stack.enter_context(the_layers_aws(world))
         checker = Checker(world)
         sched.on_resume = world.on_resume
         sched.timeout = lambda: world.faults.take("timeout")

@@ -58,6 +58,8 @@ class Transport:
         self.model = model
         #: Told of each per-job read: (phase "start" | "end", route, job id, actor).
         self.watch: list[Callable[[str, str, str, Any], None]] = []
+        #: Told of each create's answer: (idempotency key, status, body, actor).
+        self.creates: list[Callable[[str, int, bytes, Any], None]] = []
         #: Every request: (clock, method, path, status or error).
         self.log: list[tuple[float, str, str, Any]] = []
 
@@ -87,11 +89,18 @@ class Transport:
             if took > 0:
                 self.sched.sleep(took, "sume slow reply")
             else:
+                answered = self.sched.now
                 self.sched.point(f"{label} reply")
+                if self.sched.now - answered > limit:  # the caller was paused past its timeout
+                    raise ReadTimeoutError(None, url, "Read timed out (simulated: the caller was paused)")  # type: ignore[arg-type]
         finally:
             if read is not None:
                 for watcher in self.watch:
                     watcher("end", read[0], read[1], actor)
+        if method == "POST" and read is None:
+            key = (headers or {}).get("Idempotency-Key", "")
+            for told in self.creates:
+                told(key, reply.status, reply.body, actor)
         headers_out = HTTPHeaderDict()
         for name, value in reply.headers:
             headers_out.add(name, value)

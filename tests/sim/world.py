@@ -33,7 +33,7 @@ from sume_poller.config.settings import (
     SweepFunctionSettings,
     WebhookSettings,
 )
-from sume_poller.core.aws import CLIENT_CONFIG, AwsError
+from sume_poller.core.aws import AwsError
 from sume_poller.core.clock import Clock
 from sume_poller.creates.drain import Drainer
 from sume_poller.creates.submit import SubmitRetryable, Submitter, one_key
@@ -128,6 +128,20 @@ def deterministic(seed: int, sched: Scheduler) -> Iterator[None]:
             setattr(target, name, value)
 
 
+@contextlib.contextmanager
+def the_layers_aws(world: World) -> Iterator[None]:
+    """The AWS clients the layer builds itself (``sume_poller.core.aws.client``): the events module's,
+    answered by ``world``."""
+    from sume_poller.store import events
+
+    saved = getattr(events, "client")  # noqa: B009 - a name the module imports, replaced for the run
+    setattr(events, "client", world.events.layer_client)  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(events, "client", saved)  # noqa: B010
+
+
 class SimClock(Clock):
     """The project's clock (scale 1) reading the scheduler's time."""
 
@@ -142,6 +156,7 @@ class World:
         self.faults = Faults(sched.rng, plan.rates, plan.budget, self.faultable)
         self.clock = SimClock(sched)
         self.redis = RedisWorld(sched, self.faults)
+        self.redis.timeout = float(self._settings(PollSettings, dict(plan.env)).redis.timeout_real)
         self.ddb = DynamoWorld(sched, self.faults, "jobs")
         self.sqs = SqsWorld(sched, self.faults)
         self.s3 = S3World(sched, self.faults)
@@ -160,7 +175,6 @@ class World:
         self.sweep_settings = self._settings(SweepFunctionSettings, env)
         self.submit_settings = self._settings(SubmitSettings, env)
         self.webhook_settings = self._settings(WebhookSettings, env)
-        self.events_client = self.events.client(CLIENT_CONFIG)
         self.containers: dict[str, list[Any]] = {}
         self.running: dict[str, int] = {}
         self.numbers: dict[str, int] = {}
@@ -211,7 +225,7 @@ class World:
         lease = LeaseStore(client, PREFIX)
         queue = PollQueue(s.poll_queue_url, clock, sqs=self.sqs.client)
         store = self.store(s, results=True)
-        bus = EventBus(s.event_bus_name, events=self.events_client)
+        bus = EventBus(s.event_bus_name)  # its client built as the layer builds it (EventsWorld.layer_client)
         budget = self.reads_budget(client, s)
         gate = self.gate(lease, budget, s)
         cadence = Cadence(s, models=ModelCache(store, clock.now), rate=budget.rate,
