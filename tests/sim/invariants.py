@@ -7,7 +7,10 @@ no other:
 ``sume-said``       its status is one Sume stated: the outcome of the job, once Sume had it (a 403 on a
                     job of another workspace: ``failed``); or ``timed_out`` at or after its deadline.
 ``result``          a ``completed`` record holds its result (inline or in S3, the object claimed);
-                    Sume always has one for a success.
+                    Sume always has one for a success - except the Guarantees' two outcome paths
+                    without it: a result too large to keep (``result_too_large``), and a job Sume's
+                    status route called completed whose routes then refused it over the refusal
+                    window (evidence ``status_read``).
 ``one-event``       one terminal event per job, carrying the record's status - more only where a
                     ``PutEvents`` outcome was unknown to its caller: the call raised (a timeout after
                     EventBridge accepted it), or the caller died (a crash or timeout) after an attempt
@@ -241,8 +244,11 @@ class Checker:
         if status == "completed" and not (record.get("result_json") or record.get("result_s3_key")):
             error = (record.get("error") or {}).get("M", {})
             code = error.get("code", {}).get("S")
-            if code != "result_too_large":
-                self.fail("result", job, f"recorded completed without its result (error {code})")
+            evidence = _s(record, "evidence")
+            # The Guarantees' outcome paths without the result: one too large to keep, and a job the status
+            # route called completed whose result route (or status route) then refused it over the window.
+            if code != "result_too_large" and not (evidence == "status_read" and truth == "completed"):
+                self.fail("result", job, f"recorded completed without its result (error {code}, evidence {evidence})")
 
     # -- at the end ---------------------------------------------------------------------------------------
     def finish(self, ended: str) -> None:

@@ -80,6 +80,10 @@ class Transport:
         try:
             reply = handle(self.model, method, target, headers or {}, body or b"")
             self.log.append((self.sched.now, method, target, reply.status))
+            if method == "POST" and read is None:  # a create: told as Sume answers it, whether or not the caller hears
+                key = (headers or {}).get("Idempotency-Key", "")
+                for told in self.creates:
+                    told(key, reply.status, reply.body, actor)
             took = reply.delay + (self.faults.latency() if method == "GET" else 0.0)
             limit = _timeout_of(timeout)
             if took >= limit:
@@ -97,10 +101,6 @@ class Transport:
             if read is not None:
                 for watcher in self.watch:
                     watcher("end", read[0], read[1], actor)
-        if method == "POST" and read is None:
-            key = (headers or {}).get("Idempotency-Key", "")
-            for told in self.creates:
-                told(key, reply.status, reply.body, actor)
         headers_out = HTTPHeaderDict()
         for name, value in reply.headers:
             headers_out.add(name, value)
