@@ -18,7 +18,9 @@ no other:
                     its outbox cleared.
 ``one-read``        never two reads (status or result) of one job in flight at once - except after Redis
                     lost its data: one read's step took its hold (lease or fence) before the loss and the
-                    other's after it.
+                    other's after it; or while a container cannot reach Redis: one read's step holds the
+                    record's fence (which keeps out the fenced steps of other chains, not a chain whose
+                    container reached Redis and holds the lease), the other's the lease.
 ``budget``          Sume's read windows (its fixed minutes) never see more than the configured limit -
                     except a window that overlaps a Redis outage, which may see what the shared limiter
                     granted plus what each container's outage pacer grants a minute.
@@ -88,6 +90,8 @@ class Checker:
         #: (actor, job) -> whether its terminal write won; the (actor, job) whose fence lost.
         self.terminal_writes: dict[tuple[int, str], bool] = {}
         self.fence_losses: set[tuple[int, str]] = set()
+        #: The (actor, job) whose hold is the record's fence (its container could not reach Redis).
+        self.fenced: set[tuple[int, str]] = set()
         world.redis.observers.append(self._redis)
         world.ddb.observers.append(self._write)
         world.ddb.update_observers.append(self._update)
@@ -135,6 +139,7 @@ class Checker:
             self.note(job, f"fence {'won' if won else 'lost'}")
             if won:
                 self.holds[(id(actor), job)] = self.world.sched.now
+                self.fenced.add((id(actor), job))
             else:
                 self.fence_losses.add((id(actor), job))
         if "terminal_at" in sets:
@@ -179,7 +184,8 @@ class Checker:
             if other is actor:
                 continue
             theirs = self.holds.get((id(other), job))
-            if not self._loss_between(mine, theirs):
+            one_fenced = ((id(actor), job) in self.fenced) != ((id(other), job) in self.fenced)
+            if not self._loss_between(mine, theirs) and not one_fenced:
                 self.fail("one-read", job, f"{route} read by {actor.name if actor else '?'} while {other.name}'s "
                           f"{other_route} read is in flight (holds taken at {_t(theirs)} and {_t(mine)}; "
                           f"Redis lost its data at {[round(t, 1) for t in self.world.redis.losses]})")
