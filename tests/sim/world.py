@@ -41,9 +41,10 @@ from sume_poller.discovery.coverage import CoverageStore, CoverageView
 from sume_poller.discovery.sweep import Sweeper, Sweeps, SweepSettings
 from sume_poller.discovery.webhook import WebhookReceiver
 from sume_poller.limits import gate as gate_module
-from sume_poller.limits.budget import NO_DAY_RESERVE, Budget, LocalPacer
+from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
 from sume_poller.limits.gate import ReadGate
 from sume_poller.limits.lease import LeaseStore
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.limits.redisconn import Breaker, RedisFailure
 from sume_poller.poll import batch as batch_module
 from sume_poller.poll.batch import BatchRunner
