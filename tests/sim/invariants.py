@@ -25,7 +25,8 @@ no other:
                     except a window that overlaps a Redis outage, which may see what the shared limiter
                     granted plus what each container's outage pacer grants a minute.
 ``deadline``        every job Sume created for us is recorded, terminal, with its outbox done, by its
-                    deadline plus the lag of delivering its step due then: one visibility timeout, one
+                    deadline plus its last read's wait for a slot (at most ``LAST_READ_WAIT``) plus the
+                    lag of delivering its step due then: one visibility timeout, one
                     more for each delivery of its messages that failed (a crash, a timeout, an error),
                     and the start lease's life plus a fan-out period for each invocation that died while
                     working on it (its chain may be lost: fan-out starts another once that lease expires).
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sume_poller.limits.budget import granted_per_window
+from sume_poller.poll.step import LAST_READ_WAIT
 
 from .plan import VISIBILITY
 from .world import PREFIX, World
@@ -318,14 +320,15 @@ class Checker:
                 self.fail("result", job, f"the result object {key} was never claimed (tags {stored.tags})")
 
     def _lag(self, job: str) -> float:
-        """How late past its deadline a job may be recorded: its step due then delivered one visibility
-        timeout late, one more per delivery of its messages that failed, and - per invocation killed on
-        it, which may have left it without a chain (a submit that died between taking the chain's lease
-        and sending its first message) - the start lease's life plus a fan-out period, after which
-        fan-out starts a chain again."""
+        """How late past its deadline a job may be recorded: its last read's wait for a read slot (at most
+        ``LAST_READ_WAIT``), its step due then delivered one visibility timeout late, one more per
+        delivery of its messages that failed, and - per invocation killed on it, which may have left it
+        without a chain (a submit that died between taking the chain's lease and sending its first
+        message) - the start lease's life plus a fan-out period, after which fan-out starts a chain
+        again."""
         settings = self.world.fanout_settings
         restart = float(settings.lease.start_ttl) + float(settings.period)
-        return VISIBILITY * (1 + self.failed_deliveries[job]) + restart * self.kills[job]
+        return LAST_READ_WAIT + VISIBILITY * (1 + self.failed_deliveries[job]) + restart * self.kills[job]
 
     def _events(self, records: dict[str, dict[str, Any]]) -> None:
         world = self.world
