@@ -14,6 +14,8 @@
 #   make bench             benchmarks (BENCH_ARGS="--quick")
 #   make invoke FN=SubmitFunction EVENT=events/submit_image.json   Docker-free sam local invoke
 #   make sim               the Sume simulator on :8787
+#   make simulation        the interleaving simulation (tests/sim): SCHEDULES schedules from seed FIRST
+#                          (default 1000 from 1; WORKERS processes), or SEED=1234 to replay one step by step
 #   make status | models | redrive   a deployed stack: counts, the learned model per kind, DLQ
 #                          redrive (DLQ=poll|terminal-queue|terminal-target; STACK=name,
 #                          CONFIG_ENV=default|dev|prod; with
@@ -48,7 +50,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-dev setup-e2e setup-lint redis lint docs build test test-unit test-integration test-e2e demo bench invoke sim status \
-        models redrive migrate-keys logs clean
+        models redrive migrate-keys logs clean simulation
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
 # $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, installs with uv (log in
@@ -133,7 +135,7 @@ test-e2e: setup
 # once checkov's and the docs packages are (those installs mostly wait on the package index, so
 # they start at once). (e2e builds the template itself, into a directory of its own.)
 test: redis
-	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs
+	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs simulation
 
 setup-dev: $(VENV)/.installed
 
@@ -160,6 +162,13 @@ invoke: $(VENV)/.installed
 
 sim: $(VENV)/.installed
 	$(PYRUN) -m tools.sume_sim --port 8787
+
+# The interleaving simulation: many seeds, or one (SEED) replayed with its plan, steps and violations.
+SCHEDULES ?= 1000
+FIRST ?= 1
+WORKERS ?= 1
+simulation: $(VENV)/.installed
+	$(PYRUN) -m tests.sim $(if $(SEED),--seed $(SEED) --replay,--schedules $(SCHEDULES) --first $(FIRST) --workers $(WORKERS))
 
 status: $(VENV)/.installed
 	$(PYRUN) -m tools.ops status --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))

@@ -35,9 +35,10 @@ from typing import Any
 
 import redis
 
-from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import Passage, ReadGate
 from sume_poller.limits.lease import Claim, LeaseStore, Step
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.poll.cadence import Cadence
 from sume_poller.poll.poller import Poller
 from sume_poller.store.events import EventBus

@@ -136,11 +136,15 @@ class FakeBudget:
         self.pending = 0
         self.patience: list[float] = []
         self.modes: list[str] = []
+        self.slots: list[float] = []
         self.counts: list[int] = []
         self.lane: tuple[float, float] | None = None
 
     def clock_to_real(self, seconds: float) -> float:
         return seconds
+
+    def now(self) -> float:
+        return 1_000.0
 
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         if self.down:
@@ -148,6 +152,7 @@ class FakeBudget:
         self.takes += 1
         self.patience.append(max_wait)
         self.modes.append(mode)
+        self.slots.append(slot)
         self.counts.append(count)
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
@@ -169,6 +174,13 @@ class FakeBudget:
         return self.spares
 
     oldest: float | None = None
+
+    @property
+    def mailbox(self) -> FakeBudget:  # the pending-count mailbox lives in the budget's hash
+        return self
+
+    def set_pending(self, count: int) -> None:
+        self.pending = count
 
     def set_oldest_pending(self, submitted: float) -> None:
         self.oldest = submitted

@@ -367,6 +367,16 @@ def test_the_key_check_takes_its_reads_from_the_budget(rig: Rig) -> None:
     assert out.status == "failed" and rig.sume.reads("list") == 1 and rig.budget.takes == 4
 
 
+def test_a_key_check_slot_waited_for_is_confirmed_before_the_read(rig: Rig) -> None:
+    """A slot a fraction of a second away is waited for, then confirmed as any reserved read is (the
+    budget counts the read when it happens): no read where the confirm is not now."""
+    rig.budget.grants = [Grant(True, 0.01), Grant(True, 0.0), Grant(True, 0.01), Grant(True, 2.0)]
+    assert rig.poller.gate.slot_soon(2.0, 1.0)
+    assert rig.budget.modes == ["ahead", "rconfirm"] and rig.budget.slots == [0.0, 1_000.01]
+    assert not rig.poller.gate.slot_soon(2.0, 1.0)  # the read log held it back: asked again later
+    assert rig.budget.modes[2:] == ["ahead", "rconfirm"]
+
+
 def test_a_403_fails_only_that_job_when_the_key_check_passes(rig: Rig) -> None:
     rig.sume.status["job_f"] = [refused("forbidden", 403)]
     rig.sume.listing = [Listing(({"id": "job_x"},), None, False)]

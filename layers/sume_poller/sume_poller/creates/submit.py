@@ -54,8 +54,9 @@ from ..config.settings import Common, Env, ScheduleSettings, SumeReaderSettings,
 from ..core.jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
 from ..core.messages import PollMessage
 from ..core.observability import logger
-from ..limits.budget import Budget, Grant, LocalPacer
+from ..limits.budget import Budget, Grant, Mode
 from ..limits.lease import LeaseStore, new_token
+from ..limits.pacer import LocalPacer
 from ..limits.redisconn import RedisFailure, describe
 from ..schedule.planner import Bounds, next_delay, profile_key
 from ..store.queue import Outgoing, PollQueue
@@ -303,7 +304,7 @@ class Submitter:
         now = self.clock.now()
         ahead = self.store.queue_ahead(k.key.id, item_id) if item_id else 0
         try:
-            first, state = k.creates.take(mode="peek").wait, k.creates.state()
+            first, state = k.creates.take(mode=Mode.PEEK).wait, k.creates.state()
         except RedisFailure:
             first, state = 0.0, {}
         return math.ceil(estimate_create_at(now, ahead, first, k.creates.per_minute, k.creates.per_day, state))

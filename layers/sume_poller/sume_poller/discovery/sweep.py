@@ -69,7 +69,7 @@ from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
 from ..core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
-from ..limits.budget import Budget
+from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe, failure
 from ..store.queue import Outgoing, PollQueue
@@ -285,11 +285,11 @@ class Sweeper:
         first = STATUSES[:1]
         rare = (*first, due[0][1]) if now >= due[0][0] + RARE_EVERY else first
         rich = self.budget.lane_rate(self.s.read_share) * self.tick >= pages(STATUSES)
-        plans = [*([(STATUSES, "list")] if rich else []), (rare, "list"), (rare, "spare"),
-                 *([(first, "list"), (first, "spare")] if rare != first else [])]
+        plans = [*([(STATUSES, Mode.LIST)] if rich else []), (rare, Mode.LIST), (rare, Mode.SPARE),
+                 *([(first, Mode.LIST), (first, Mode.SPARE)] if rare != first else [])]
         for statuses, mode in plans:
             count = pages(statuses)
-            if mode == "spare" and not self.budget.spare(count, self.s.read_share, budget):
+            if mode is Mode.SPARE and not self.budget.spare(count, self.s.read_share, budget):
                 continue
             if self.budget.take(mode=mode, max_wait=0.0, count=count).now:
                 self._prepaid, self._statuses = count, statuses
@@ -359,7 +359,7 @@ class Sweeper:
             # would not wait for.
             if self._prepaid > 0:
                 self._prepaid -= 1
-            elif not self.budget.take(mode="list", max_wait=0.0).now:
+            elif not self.budget.take(mode=Mode.LIST, max_wait=0.0).now:
                 return self._incomplete(BUDGET_BUSY), newest
             reply = self.sume.list_jobs(limit=PAGE_SIZE, cursor=cursor, status=status)
             self.report.reads += 1

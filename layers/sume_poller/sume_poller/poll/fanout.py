@@ -45,7 +45,7 @@ from ..core.jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from ..core.messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
 from ..core.observability import logger
 from ..creates.createqueue import DrainMessage, drain_lease
-from ..limits.budget import Budget
+from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import MISCONFIGURED, UNAVAILABLE, RedisFailure, describe, failure
 from ..store.queue import SQS_BATCH, Outgoing, PollQueue
@@ -219,7 +219,7 @@ class FanOut:
         self.report.pending_by_key[self.lane.key] = count
         self.report.pending_counted = (self.report.pending_counted or 0) + count
         with contextlib.suppress(*RedisFailure):
-            self.budget.set_pending(count)
+            self.budget.mailbox.set_pending(count)
 
     # -- budget and cursor -------------------------------------------------------------------------
     def _allowance(self) -> float:
@@ -227,7 +227,7 @@ class FanOut:
         the period once the reads already reserved are served."""
         if self.budget.unlimited:
             return math.inf
-        next_slot = self.budget.take(mode="peek")  # reads already reserved, pauses, the burst left
+        next_slot = self.budget.take(mode=Mode.PEEK)  # reads already reserved, pauses, the burst left
         if next_slot.key_paused:
             return 0.0
         return max(0.0, self.budget.rate * (self.s.period - next_slot.wait))
@@ -342,7 +342,7 @@ class FanOut:
     def _oldest_pending(self, oldest: float | None) -> None:
         """Tell the sweeps how far back a job of ours can be (none pending: now)."""
         with contextlib.suppress(*RedisFailure):
-            self.budget.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
+            self.budget.mailbox.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
         jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key

@@ -57,6 +57,7 @@ from ..core.clock import Clock
 from ..core.jobs import PENDING, Evidence, error_delay, result_wait_delay
 from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..limits.budget import Mode
 from ..limits.gate import ReadGate
 from ..limits.lease import Claim, Step, new_nonce, new_token
 from ..store.events import EventBus
@@ -144,7 +145,7 @@ class Poller:
             if record is None or record.get("status") != PENDING:
                 return self._ended(run, self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
-            if p.mode != "none":
+            if p.mode is not Mode.NONE:
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
         return self._advance(run, p.hop, grant)
 
@@ -240,7 +241,7 @@ class Poller:
                                  result_waits=run.chain.result_waits + 1)
         if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # the result at once, if the invocation has the time
             return self._requeue(run, due=now, name="out_of_time")
-        grant = self.gate.take("ahead")
+        grant = self.gate.take(Mode.AHEAD)
         return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
 
     def _fetch_result(self, run: Run) -> Outcome:
