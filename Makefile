@@ -30,12 +30,14 @@ SAMVENV := .venv-sam
 MSVENV  := .venv-ministack
 CKVENV  := .venv-checkov
 UVVENV  := .venv-uv
+V313VENV := .venv-313
 PY      := $(VENV)/bin/python
 # Python entry points import the layer's package as Lambda does from /opt/python (pytest has
 # the same path in pyproject.toml). Not exported: ministack's Lambdas must use the built layer.
 PYRUN   := PYTHONPATH=layers/sume_poller $(PY)
 SAM     := $(SAMVENV)/bin/sam
-VENVS   := $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed
+VENVS   := $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed \
+           $(V313VENV)/.installed
 CONFIG_ENV ?= default
 FN      ?= PollFunction
 EVENT   ?= events/submit_image.json
@@ -74,6 +76,16 @@ $(MSVENV)/.installed: scripts/requirements-ministack.txt $(UVVENV)/.installed
 # checkov pins boto3 exactly: a virtualenv of its own.
 $(CKVENV)/.installed: scripts/requirements-checkov.txt $(UVVENV)/.installed
 	$(call venv,$(CKVENV),-r scripts/requirements-checkov.txt)
+
+# Lambda's python3.13 runtime: Python 3.13 with the runtime's boto3, compiled at install like the
+# runtime's own (what runs on it starts with -B, as on Lambda's read-only /opt). Bench figure 4's
+# cold starts and the e2e tier's check of the built layer's bytecode run on it. The interpreter is
+# the one the layer's build compiles with (layers/sume_poller/Makefile finds it: PATH or pyenv).
+PY313 = $(shell $(MAKE) -s --no-print-directory -C layers/sume_poller python313)
+$(V313VENV)/.installed: scripts/requirements-313.txt $(UVVENV)/.installed
+	@test -n "$(PY313)" || { echo "no Python 3.13 (python3.13 on PATH or pyenv's versions/3.13*): install it"; exit 1; }
+	@./scripts/venv.sh $(V313VENV) $(PY313) "--compile-bytecode -r scripts/requirements-313.txt" \
+		$(filter-out $(UVVENV)/.installed,$^)
 
 # The benchmarks' plotting and fitting packages, only for make bench.
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
@@ -128,7 +140,8 @@ test: redis
 setup-dev: $(VENV)/.installed
 
 setup-e2e:
-	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
+	@$(MAKE) --no-print-directory -j4 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed \
+		$(V313VENV)/.installed
 
 setup-lint:
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(CKVENV)/.installed $(VENV)/.docs-installed

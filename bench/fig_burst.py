@@ -146,10 +146,9 @@ def burst_run(redis_url: str, n: int) -> dict[str, Any]:
     import redis as redis_lib
 
     from sume_poller.config.keys import Limits, SumeKey
-    from sume_poller.config.settings import SubmitSettings
     from sume_poller.creates.createqueue import DrainMessage
     from sume_poller.creates.drain import Drainer
-    from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, Submitter
+    from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, SubmitSettings, Submitter
     from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
     from sume_poller.limits.lease import LeaseStore
     from sume_poller.limits.pacer import LocalPacer

@@ -257,11 +257,11 @@ class Deployment:
         from bench.fig_budget import VirtualClock
         from bench.harness import make_poller, virtual_poll_settings
         from sume_poller.config.keys import KeyRing, PerKey, SumeKey
-        from sume_poller.config.settings import BudgetSettings, DiscoverySettings, FanOutSettings, KeySettings
+        from sume_poller.config.settings import BudgetSettings, DiscoverySettings, KeySettings
         from sume_poller.limits.lease import LeaseStore
         from sume_poller.limits.redisconn import connect
         from sume_poller.poll.batch import BatchRunner
-        from sume_poller.poll.fanout import Lane
+        from sume_poller.poll.fanout import FanOutSettings, Lane
         from sume_poller.store.queue import Outgoing, PollQueue
         from sume_poller.sume.client import SumeClient
         from sume_poller.wiring.shared import budget_of

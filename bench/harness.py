@@ -166,15 +166,8 @@ def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: 
                           schedule: Any, discovery: Any) -> Any:
     """PollSettings for a Poller driven by hand on a virtual clock (figures 8 and 9): leases long
     enough that no real-time TTL runs out while the virtual clock races ahead."""
-    from sume_poller.config.settings import (
-        Common,
-        JobSettings,
-        KeySettings,
-        LeaseSettings,
-        PollSettings,
-        RedisSettings,
-        SumeSettings,
-    )
+    from sume_poller.config.settings import Common, JobSettings, KeySettings, LeaseSettings, RedisSettings, SumeSettings
+    from sume_poller.poll.poller import PollSettings
 
     return PollSettings(
         common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",

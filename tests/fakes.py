@@ -23,7 +23,9 @@ from sume_poller.limits.lease import Claim, HandOver, Step, resting_value
 from sume_poller.store.events import PublishRefused, PublishUnknown
 from sume_poller.store.queue import Outgoing
 from sume_poller.store.records import Ending, PublishClaim, TerminalWrite
-from sume_poller.sume.client import Listing, Refused, Result, Retryable
+from sume_poller.sume.client import Refused, Retryable
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Result
 
 
 class FakeClock(Clock):
@@ -432,14 +434,14 @@ class FakeQueue:
 
 def status(name: str, hint: float | None = None, rate: RateInfo | None = None) -> Any:
     """A Pending reply (helper for scripts)."""
-    from sume_poller.sume.client import Pending
+    from sume_poller.sume.status import Pending
     return Pending(name, hint, rate=rate or RateInfo())
 
 
 def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None,
          gated: bool = True) -> Any:
     """A Terminal reply; ``gated``: it carried ``result_ready`` (Sume's gate for the result)."""
-    from sume_poller.sume.client import Terminal
+    from sume_poller.sume.status import Terminal
     return Terminal(status_, status_, ready, error, gated=gated)
 
 

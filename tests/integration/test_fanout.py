@@ -12,11 +12,10 @@ import boto3
 import pytest
 import redis
 
-from sume_poller.config.settings import FanOutSettings
 from sume_poller.core.clock import Clock
 from sume_poller.limits.budget import Budget, granted_per_window
 from sume_poller.limits.lease import LeaseStore
-from sume_poller.poll.fanout import FanOut
+from sume_poller.poll.fanout import FanOut, FanOutSettings
 from sume_poller.store.queue import PollQueue
 from sume_poller.store.records import Ending, JobStore, PublishClaim
 from tools.services import RedisServer

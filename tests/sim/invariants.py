@@ -159,7 +159,7 @@ class Checker:
                       f" due {data.get('due_at', 0) - self.world.sched.now:+.0f}s")
 
     def _created(self, key: str, status: int, body: bytes, actor: Any) -> None:
-        from sume_poller.sume.client import extract_job_ids
+        from sume_poller.sume.created import extract_job_ids
 
         try:
             ids = list(extract_job_ids(json.loads(body)))

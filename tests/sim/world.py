@@ -26,20 +26,13 @@ from typing import Any
 import botocore.endpoint
 
 from sume_poller.config.keys import Limits, SumeKey
-from sume_poller.config.settings import (
-    FanOutSettings,
-    PollSettings,
-    SubmitSettings,
-    SweepFunctionSettings,
-    WebhookSettings,
-)
 from sume_poller.core.aws import AwsError
 from sume_poller.core.clock import Clock
 from sume_poller.creates.drain import Drainer
-from sume_poller.creates.submit import SubmitRetryable, Submitter, one_key
+from sume_poller.creates.submit import SubmitRetryable, SubmitSettings, Submitter, one_key
 from sume_poller.discovery.coverage import CoverageStore, CoverageView
-from sume_poller.discovery.sweep import Sweeper, Sweeps, SweepSettings
-from sume_poller.discovery.webhook import WebhookReceiver
+from sume_poller.discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps, SweepSettings
+from sume_poller.discovery.webhook import WebhookReceiver, WebhookSettings
 from sume_poller.limits import gate as gate_module
 from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
 from sume_poller.limits.gate import ReadGate
@@ -49,8 +42,8 @@ from sume_poller.limits.redisconn import Breaker, RedisFailure
 from sume_poller.poll import batch as batch_module
 from sume_poller.poll.batch import BatchRunner
 from sume_poller.poll.cadence import Cadence
-from sume_poller.poll.fanout import FanOut, Lane
-from sume_poller.poll.poller import Poller
+from sume_poller.poll.fanout import FanOut, FanOutSettings, Lane
+from sume_poller.poll.poller import Poller, PollSettings
 from sume_poller.poll.step import Deadline
 from sume_poller.schedule.models import ModelCache
 from sume_poller.store.events import EventBus

@@ -11,13 +11,13 @@ import pytest
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume, retry
 
 from sume_poller.config.keys import Limits, SumeKey
-from sume_poller.config.settings import SubmitSettings
 from sume_poller.creates.createqueue import EXPIRED, DrainMessage, DrainMessageError, drain_lease, estimate_create_at
 from sume_poller.creates.drain import Drainer, DrainReport
-from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, Submitter, one_key
+from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, SubmitSettings, Submitter, one_key
 from sume_poller.limits.budget import Grant, granted_per_window
 from sume_poller.store.submissions import CREATED, QUEUED, REJECTED, queue_item_id, submission_id
-from sume_poller.sume.client import Created, Refused
+from sume_poller.sume.client import Refused
+from sume_poller.sume.created import Created
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379", "CREATE_QUEUE_URL": "cq",

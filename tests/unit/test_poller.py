@@ -24,7 +24,6 @@ from fakes import (
     status,
 )
 
-from sume_poller.config.settings import PollSettings
 from sume_poller.core.messages import OUTBOX_PHASE, RESULT_PHASE, Finding, PollMessage, Source, parse_message
 from sume_poller.discovery.coverage import CANARY_EVERY, Coverage, is_canary
 from sume_poller.discovery.deliveries import LOST_WITHIN
@@ -35,10 +34,11 @@ from sume_poller.limits.redisconn import Breaker
 from sume_poller.poll.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
 from sume_poller.poll.keycheck import KEY_CHECK_WAIT
 from sume_poller.poll.outbox import completion_interval
-from sume_poller.poll.poller import Poller
+from sume_poller.poll.poller import Poller, PollSettings
 from sume_poller.poll.step import PACED_HOP, Deadline, Outcome
 from sume_poller.schedule.durations import LogNormal
-from sume_poller.sume.client import Listing, Oversized, Result
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.keys import UnknownKey
-from ..config.settings import SubmitSettings
 from ..core.observability import logger
 from ..limits.budget import Mode, RateInfo
 from ..limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
@@ -50,9 +49,10 @@ from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
 from ..store.submissions import CREATED, QUEUED, REJECTED
-from ..sume.client import Created, Refused
+from ..sume.client import Refused
+from ..sume.created import Created
 from .createqueue import EXPIRED, KEY_REMOVED, DrainMessage, DrainMessageError, drain_lease
-from .submit import KEY_REFUSALS, SubmitKey, Submitter
+from .submit import KEY_REFUSALS, SubmitKey, SubmitSettings, Submitter
 
 #: The longest backoff (clock seconds) between create attempts of one head after transient faults.
 BACKOFF_MAX = 300.0

@@ -40,6 +40,8 @@ GATE = lua_script(__package__, "gate.lua", CLAIM_LUA + BUDGET_LUA)
 
 @dataclass(frozen=True, slots=True)
 class Passage:
+    """What the gate gave a message: its lease claim and its read slot."""
+
     #: None: Redis could not be asked (``failure`` says why); the caller polls without the lease.
     claim: Claim | None
     #: None when no slot was asked for (the message only hops) or the budget is unlimited.

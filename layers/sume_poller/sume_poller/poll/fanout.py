@@ -37,9 +37,9 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from ..config.settings import FanOutSettings
+from ..config.settings import BudgetSettings, FunctionSettings, schedule_period, setting
 from ..core.clock import Clock
 from ..core.jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from ..core.messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
@@ -51,6 +51,20 @@ from ..limits.redisconn import MISCONFIGURED, UNAVAILABLE, RedisFailure, describ
 from ..store.queue import SQS_BATCH, Outgoing, PollQueue
 from ..store.records import JobStore
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOutSettings(FunctionSettings):
+    """The fan-out function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "fan-out function"
+    budget: BudgetSettings
+    #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
+    period: float = schedule_period("FANOUT_PERIOD_MINUTES")
+    #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+
 PAGE_SIZE = 100
 #: The longest wait (clock seconds) before an unfinished outbox is sent again.
 OUTBOX_BACKOFF_MAX = 3_600.0
@@ -58,6 +72,8 @@ OUTBOX_BACKOFF_MAX = 3_600.0
 
 @dataclass
 class FanOutReport:
+    """What one fan-out tick did: pages read, chains started, outbox messages sent or backing off."""
+
     pages: int = 0
     outbox_sent: int = 0
     outbox_backing_off: int = 0
