@@ -71,8 +71,8 @@ class ObservingSume:
         self._last: dict[str, str] = {}
         self.redundant = 0
 
-    def get_status(self, job_id: str, budget: float | None = None) -> Any:
-        reply = self._sume.get_status(job_id, budget=budget)
+    def get_status(self, job_id: str, timeout: float | None = None) -> Any:
+        reply = self._sume.get_status(job_id, timeout=timeout)
         seen = getattr(reply, "sume_status", None) or getattr(reply, "status", None)
         if seen is not None and type(reply).__name__ in ("Pending", "Terminal"):
             with self._lock:

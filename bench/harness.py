@@ -37,7 +37,7 @@ import redis
 
 from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import Passage, ReadGate
-from sume_poller.limits.lease import Claim, LeaseStore, Step
+from sume_poller.limits.lease import ChainStep, Claim, LeaseStore
 from sume_poller.limits.pacer import LocalPacer
 from sume_poller.poll.cadence import Cadence
 from sume_poller.poll.poller import Poller
@@ -204,7 +204,7 @@ class NoLease(LeaseStore):
     def start_many(self, starts: list[tuple[str, str]], ttl_ms: int) -> list[bool]:
         return [True] * len(starts)
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int) -> bool:
+    def rest(self, job_id: str, step: ChainStep, ttl_ms: int) -> bool:
         return True
 
     def release(self, job_id: str, value: str) -> bool:
@@ -218,7 +218,7 @@ class NoLeaseGate(ReadGate):
     def __init__(self, lease: NoLease, budget: Budget, pacer: LocalPacer) -> None:
         super().__init__(lease, budget, pacer, cluster=True)
 
-    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
+    def enter(self, job_id: str, step: ChainStep, fresh: ChainStep, ttl_ms: int, *, mode: str = "take",
               max_wait: float = math.inf, slot: float = 0.0) -> Passage:
         claim = Claim.FRESH if step is fresh else Claim.OWN
         if self.budget.unlimited or mode == "none":

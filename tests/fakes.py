@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sume_poller.core.clock import Clock
 from sume_poller.core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
 from sume_poller.limits.budget import Grant, RateInfo
-from sume_poller.limits.lease import Claim, HandOver, Step, resting_value
+from sume_poller.limits.lease import ChainStep, Claim, HandOver, resting_value
 from sume_poller.store.events import PublishRefused, PublishUnknown
 from sume_poller.store.queue import Outgoing
 from sume_poller.store.records import Ending, PublishClaim, TerminalWrite
@@ -51,7 +51,7 @@ class FakeLease:
         if self.down:
             raise RedisConnectionError("fake Redis is down")
 
-    def claim(self, job_id: str, step: Step, fresh: Step, ttl_ms: int = 0) -> Claim:
+    def claim(self, job_id: str, step: ChainStep, fresh: ChainStep, ttl_ms: int = 0) -> Claim:
         self._check()
         value = self.values.get(job_id)
         if value is None or value == fresh.claimed:
@@ -65,7 +65,7 @@ class FakeLease:
             return Claim.OWN
         return Claim.HELD
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False,
+    def rest(self, job_id: str, step: ChainStep, ttl_ms: int, *, finishing: bool = False,
              slot: float | None = None) -> bool:
         self._check()
         resting = resting_value(step, finishing, slot)
@@ -232,11 +232,11 @@ class FakeSume:
     def _next(script: list[Any]) -> Any:
         return script.pop(0) if len(script) > 1 else script[0]
 
-    def get_status(self, job_id: str, budget: float | None = None) -> Any:
+    def get_status(self, job_id: str, timeout: float | None = None) -> Any:
         self.calls.append(("status", job_id))
         return self._next(self.status[job_id])
 
-    def get_result(self, job_id: str, budget: float | None = None, **stream: Any) -> Any:
+    def get_result(self, job_id: str, timeout: float | None = None, **stream: Any) -> Any:
         self.calls.append(("result", job_id))
         return self._next(self.result[job_id]) if self.result[job_id] else Result({"url": "u"})
 
@@ -244,7 +244,7 @@ class FakeSume:
         self.calls.append(("list", str(kwargs.get("status") or "")))
         return self._next(self.listing) if self.listing else Listing((), None, False)
 
-    def create(self, kind: str, params: Any, idempotency_key: str, budget: float | None = None) -> Any:
+    def create(self, kind: str, params: Any, idempotency_key: str, timeout: float | None = None) -> Any:
         self.calls.append(("create", idempotency_key))
         return self._next(self.creates)
 

@@ -28,7 +28,7 @@ from sume_poller.limits.budget import (
     lane_burst,
 )
 from sume_poller.limits.gate import GATE, ReadGate
-from sume_poller.limits.lease import CLAIM_ARGS, Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.lease import CLAIM_ARGS, ChainStep, Claim, LeaseStore, new_nonce, new_token
 from sume_poller.limits.pacer import LocalPacer
 
 pytestmark = pytest.mark.integration
@@ -463,15 +463,15 @@ def test_the_gate_claims_and_takes_in_one_script_and_skips_the_take_when_the_cla
     gate = ReadGate(lease, b, LocalPacer(0, 0, 1), cluster=False)
     token = new_token()
     lease.start("job_g", token, 60_000)
-    step = Step(token, 0, new_nonce())
-    passage = gate.enter("job_g", step, Step(new_token(), 0, step.nonce), 60_000)
+    step = ChainStep(token, 0, new_nonce())
+    passage = gate.enter("job_g", step, ChainStep(new_token(), 0, step.nonce), 60_000)
     assert passage.claim is Claim.OWN and passage.grant is not None and passage.grant.now
     tat = b.state()["minute_tat"]
-    dup = Step(token, 0, new_nonce())
-    refused = gate.enter("job_g", dup, Step(new_token(), 0, dup.nonce), 60_000)
+    dup = ChainStep(token, 0, new_nonce())
+    refused = gate.enter("job_g", dup, ChainStep(new_token(), 0, dup.nonce), 60_000)
     assert refused.claim is Claim.HELD and refused.grant is None
     assert b.state()["minute_tat"] == tat  # a refused claim spends no budget
-    hop = gate.enter("job_h", step, Step(new_token(), 0, step.nonce), 60_000, mode="none")
+    hop = gate.enter("job_h", step, ChainStep(new_token(), 0, step.nonce), 60_000, mode="none")
     assert hop.claim is Claim.FRESH and hop.grant is None
 
 

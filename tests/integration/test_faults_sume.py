@@ -111,11 +111,13 @@ def test_a_result_refused_after_the_status_said_completed_is_never_a_failure_nor
     never = submit(stack, 1, {"duration": 100, "result_faults": ["410"] * 40})
     run(stack, refused_then_served + forbidden_then_served + never, timeout=90)
     served = refused_then_served + forbidden_then_served
-    check(stack, served, scenario="result route refusals after a completed status", expected="completed")
+    # Re-queues on 1 s leases (up to three for a served job, eight over the window for the one never
+    # served): under load a lease may expire before its message comes back and fan-out restart the chain
+    # from its record (a status read of a job Sume finished) - allowed, as for any fault.
+    check(stack, served, scenario="result route refusals after a completed status", expected="completed",
+          allowance=2)
     assert all(stack.record(j)["result_json"] and stack.record(j)["evidence"] == "result_read"  # type: ignore[index]
                for j in served)
-    # Eight re-queues over the window on 1 s leases: under load one may expire and fan-out restart the
-    # chain from its record (a status read of a job Sume finished): allowed, as for any fault.
     check(stack, never, scenario="a result refused over the whole refusal window", expected="completed", allowance=2)
     record = stack.record(never[0])
     assert record is not None and (record["error"]["code"], record["evidence"]) == ("result_refused", "status_read")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
 
 pytestmark = pytest.mark.integration
 TTL = 60_000
@@ -17,25 +17,25 @@ def lease(rdb: redis.Redis) -> LeaseStore:
     return LeaseStore(rdb, prefix="t:lease:")
 
 
-def claim(lease: LeaseStore, job_id: str, step: Step) -> Claim:
+def claim(lease: LeaseStore, job_id: str, step: ChainStep) -> Claim:
     """``step`` claims the job's lease (a fresh chain of its own nonce if the lease is free)."""
-    return lease.claim(job_id, step, Step(new_token(), 0, step.nonce), TTL)
+    return lease.claim(job_id, step, ChainStep(new_token(), 0, step.nonce), TTL)
 
 
-def steps(seq: int = 0) -> tuple[Step, Step]:
+def steps(seq: int = 0) -> tuple[ChainStep, ChainStep]:
     nonce = new_nonce()
-    return Step(new_token(), seq, nonce), Step(new_token(), 0, nonce)
+    return ChainStep(new_token(), seq, nonce), ChainStep(new_token(), 0, nonce)
 
 
 def test_a_chain_walks_start_claim_rest_claim_release(lease: LeaseStore, rdb: redis.Redis) -> None:
     token = new_token()
     assert lease.start("job_a", token, TTL)
-    first = Step(token, 0, new_nonce())
+    first = ChainStep(token, 0, new_nonce())
     assert claim(lease, "job_a", first) is Claim.OWN
     assert rdb.get("t:lease:job_a") == first.claimed
     assert lease.rest("job_a", first, TTL)
     assert rdb.get("t:lease:job_a") == f"{token}:1"
-    second = Step(token, 1, new_nonce())
+    second = ChainStep(token, 1, new_nonce())
     assert claim(lease, "job_a", second) is Claim.OWN
     assert lease.release("job_a", second.claimed)
     assert rdb.get("t:lease:job_a") is None
@@ -45,12 +45,12 @@ def test_every_operation_is_safe_to_repeat(lease: LeaseStore, rdb: redis.Redis) 
     """What redis-py does after a timeout: send the same script again, which may already have run."""
     token = new_token()
     assert lease.start("job_r", token, TTL) and lease.start("job_r", token, TTL)
-    step = Step(token, 0, new_nonce())
-    fresh = Step(new_token(), 0, step.nonce)
+    step = ChainStep(token, 0, new_nonce())
+    fresh = ChainStep(new_token(), 0, step.nonce)
     assert lease.claim("job_r", step, fresh, TTL) is Claim.OWN
     assert lease.claim("job_r", step, fresh, TTL) is Claim.OWN
     assert lease.rest("job_r", step, TTL) and lease.rest("job_r", step, TTL)
-    nxt = Step(token, 1, new_nonce())
+    nxt = ChainStep(token, 1, new_nonce())
     assert claim(lease, "job_r", nxt) is Claim.OWN
     assert lease.release("job_r", nxt.claimed) and lease.release("job_r", nxt.claimed)
     # A free lease taken as a fresh chain, claimed again with the same arguments: still ours.
@@ -63,7 +63,7 @@ def test_every_operation_is_safe_to_repeat(lease: LeaseStore, rdb: redis.Redis) 
 def test_a_duplicate_delivery_of_the_same_step_is_refused(lease: LeaseStore) -> None:
     token = new_token()
     lease.start("job_d", token, TTL)
-    first, copy = Step(token, 0, new_nonce()), Step(token, 0, new_nonce())
+    first, copy = ChainStep(token, 0, new_nonce()), ChainStep(token, 0, new_nonce())
     assert claim(lease, "job_d", first) is Claim.OWN
     assert claim(lease, "job_d", copy) is Claim.HELD
     assert lease.rest("job_d", first, TTL)
@@ -78,11 +78,11 @@ def test_a_free_lease_starts_a_new_chain_so_a_stale_message_cannot_renew_it(leas
     old = new_token()
     rdb.set("t:lease:job_s", f"{old}:3", px=TTL)
     rdb.delete("t:lease:job_s")  # expired
-    late = Step(old, 3, new_nonce())
-    fresh = Step(new_token(), 0, late.nonce)
+    late = ChainStep(old, 3, new_nonce())
+    fresh = ChainStep(new_token(), 0, late.nonce)
     assert lease.claim("job_s", late, fresh, TTL) is Claim.FRESH
     assert rdb.get("t:lease:job_s") == fresh.claimed
-    real_next = Step(old, 4, new_nonce())
+    real_next = ChainStep(old, 4, new_nonce())
     assert claim(lease, "job_s", real_next) is Claim.HELD
 
 
@@ -90,14 +90,14 @@ def test_a_chain_that_moved_on_without_redis_takes_back_its_own_older_lease(leas
                                                                             rdb: redis.Redis) -> None:
     token = new_token()
     rdb.set("t:lease:job_o", f"{token}:2", px=TTL)
-    later = Step(token, 5, new_nonce())
+    later = ChainStep(token, 5, new_nonce())
     assert claim(lease, "job_o", later) is Claim.OWN
-    other = Step(new_token(), 9, new_nonce())
+    other = ChainStep(new_token(), 9, new_nonce())
     assert claim(lease, "job_o", other) is Claim.HELD
 
 
 def test_release_and_rest_never_touch_another_chains_lease(lease: LeaseStore, rdb: redis.Redis) -> None:
-    mine = Step(new_token(), 0, new_nonce())
+    mine = ChainStep(new_token(), 0, new_nonce())
     rdb.set("t:lease:job_x", "f" * 32 + ":7", px=TTL)
     assert not lease.rest("job_x", mine, TTL)
     assert not lease.release("job_x", mine.claimed)
@@ -133,10 +133,10 @@ def test_a_waiting_chain_is_handed_over_to_a_finishing_message(lease: LeaseStore
     token = new_token()
     rdb.set("t:lease:job_w", f"{token}:4", px=TTL)
     assert lease.hand_over("job_w", new_token(), TTL) == (token, 5, None)
-    waiting = Step(token, 4, new_nonce())  # the chain's queued message finds the job taken
+    waiting = ChainStep(token, 4, new_nonce())  # the chain's queued message finds the job taken
     assert claim(lease, "job_w", waiting) is Claim.HELD
     assert rdb.get("t:lease:job_w") == f"{token}:5*"
-    finishing = Step(token, 5, new_nonce())
+    finishing = ChainStep(token, 5, new_nonce())
     assert claim(lease, "job_w", finishing) is Claim.OWN
     assert lease.hand_over("job_w", new_token(), TTL) is None  # mid-poll: left alone
     rdb.set("t:lease:job_h", f"{token}:7*", px=TTL)
@@ -149,12 +149,12 @@ def test_a_chain_waiting_to_fetch_a_result_rests_as_finishing_and_is_not_handed_
                                                                                     rdb: redis.Redis) -> None:
     token = new_token()
     rdb.set("t:lease:job_r", f"{token}:2", px=TTL)
-    step = Step(token, 2, new_nonce())
+    step = ChainStep(token, 2, new_nonce())
     assert claim(lease, "job_r", step) is Claim.OWN
     assert lease.rest("job_r", step, TTL, finishing=True)  # it saw the job finished: the result next
     assert rdb.get("t:lease:job_r") == f"{token}:3*"
     assert lease.hand_over("job_r", new_token(), TTL) is None  # a sweep leaves it its reserved slot
-    nxt = Step(token, 3, new_nonce())
+    nxt = ChainStep(token, 3, new_nonce())
     assert claim(lease, "job_r", nxt) is Claim.OWN
 
 
@@ -162,15 +162,15 @@ def test_a_step_waiting_on_a_reserved_read_slot_passes_it_to_whoever_takes_its_p
                                                                                     rdb: redis.Redis) -> None:
     token = new_token()
     rdb.set("t:lease:job_s", f"{token}:1", px=TTL)
-    step = Step(token, 1, new_nonce())
+    step = ChainStep(token, 1, new_nonce())
     assert claim(lease, "job_s", step) is Claim.OWN
     assert lease.rest("job_s", step, TTL, slot=1_800_000_123.456)  # step 2 waits for its read slot
     assert rdb.get("t:lease:job_s") == f"{token}:2@1800000123456"
-    waiting = Step(token, 2, new_nonce())
+    waiting = ChainStep(token, 2, new_nonce())
     assert claim(lease, "job_s", waiting) is Claim.OWN  # it may act
     assert lease.rest("job_s", waiting, TTL, slot=1_800_000_200.0)
     assert lease.hand_over("job_s", new_token(), TTL) == (token, 4, 1_800_000_200.0)  # the slot goes with it
-    late = Step(token, 3, new_nonce())  # the fenced step never reads, so the slot is used once
+    late = ChainStep(token, 3, new_nonce())  # the fenced step never reads, so the slot is used once
     assert claim(lease, "job_s", late) is Claim.HELD
 
 

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from sume_poller.config.settings import RedisSettings
 from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import ReadGate
-from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
 from sume_poller.limits.pacer import LocalPacer
 from sume_poller.limits.redisconn import connect, reconnect
 from tools.faultproxy import FaultProxy
@@ -46,14 +46,14 @@ def test_a_lost_reply_after_the_script_ran_is_repeated_and_still_succeeds(proxy:
     for command in ("EVALSHA",):
         proxy.drop_reply(command)
     assert lease.start("job_n", token, TTL)
-    step = Step(token, 0, new_nonce())
+    step = ChainStep(token, 0, new_nonce())
     proxy.drop_reply("EVALSHA")
-    assert lease.claim("job_n", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert lease.claim("job_n", step, ChainStep(new_token(), 0, step.nonce), TTL) is Claim.OWN
     proxy.drop_reply("EVALSHA")
     assert lease.rest("job_n", step, TTL)
     assert rdb.get("t:net:job_n") == f"{token}:1"
-    nxt = Step(token, 1, new_nonce())
-    lease.claim("job_n", nxt, Step(new_token(), 0, nxt.nonce), TTL)
+    nxt = ChainStep(token, 1, new_nonce())
+    lease.claim("job_n", nxt, ChainStep(new_token(), 0, nxt.nonce), TTL)
     proxy.drop_reply("EVALSHA")
     assert lease.release("job_n", nxt.claimed)
     assert rdb.get("t:net:job_n") is None
@@ -65,9 +65,9 @@ def test_a_reply_later_than_the_socket_timeout_is_repeated_and_still_succeeds(pr
     lease = via(proxy, timeout=0.2)
     token = new_token()
     lease.start("job_t", token, TTL)
-    step = Step(token, 0, new_nonce())
+    step = ChainStep(token, 0, new_nonce())
     proxy.delay_reply("EVALSHA", 1.0)
-    assert lease.claim("job_t", step, Step(new_token(), 0, step.nonce), TTL) is Claim.OWN
+    assert lease.claim("job_t", step, ChainStep(new_token(), 0, step.nonce), TTL) is Claim.OWN
     assert rdb.get("t:net:job_t") == step.claimed
 
 
@@ -112,8 +112,8 @@ def test_the_lease_budget_and_gate_run_unchanged_in_cluster_mode(cluster: RedisC
     slots = {client.keyslot(lease.key(j)) for j in jobs}
     assert len({client.nodes_manager.get_node_from_slot(s).port for s in slots}) == 3
     for job_id in jobs:
-        step = Step(tokens[job_id], 0, new_nonce())
-        passage = gate.enter(job_id, step, Step(new_token(), 0, step.nonce), TTL)
+        step = ChainStep(tokens[job_id], 0, new_nonce())
+        passage = gate.enter(job_id, step, ChainStep(new_token(), 0, step.nonce), TTL)
         assert passage.claim is Claim.OWN and passage.grant is not None
         assert lease.rest(job_id, step, TTL)
     assert lease.hand_over("job_0", new_token(), TTL) == (tokens["job_0"], 2, None)

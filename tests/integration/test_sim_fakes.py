@@ -28,7 +28,7 @@ from sume_poller.discovery.coverage import CoverageStore
 from sume_poller.discovery.deliveries import DeliveryStore
 from sume_poller.limits.budget import Budget, LocalPacer, RateInfo
 from sume_poller.limits.gate import ReadGate
-from sume_poller.limits.lease import LeaseStore, Step
+from sume_poller.limits.lease import ChainStep, LeaseStore
 from sume_poller.limits.redisconn import Breaker
 from sume_poller.store.records import Ending, JobStore, ResultBucket
 from sume_poller.store.submissions import queue_item, queued_record
@@ -51,14 +51,14 @@ def redis_scenario(client: Any) -> list[Any]:
     lease = LeaseStore(client, "t:")
     budget = Budget(client, "t:!budget:{reads}", 30, 1000, now, early=0.5, reserve_every=900.0)
     gate = ReadGate(lease, budget, LocalPacer(30, 1000, 2, now), cluster=False, breaker=Breaker(now=now))
-    first, fresh = Step(A, 0, "n1"), Step(B, 0, "n2")
+    first, fresh = ChainStep(A, 0, "n1"), ChainStep(B, 0, "n2")
     out += [lease.start("j1", A, 60_000), lease.start("j1", B, 60_000), lease.start("j1", A, 60_000)]
     out += [lease.claim("j1", first, fresh, 60_000), lease.claim("j1", first, fresh, 60_000),
-            lease.claim("j1", Step(A, 0, "n9"), fresh, 60_000)]  # a duplicate delivery: held
+            lease.claim("j1", ChainStep(A, 0, "n9"), fresh, 60_000)]  # a duplicate delivery: held
     out += [lease.rest("j1", first, 90_000, slot=NOW + 30.5), lease.hand_over("j1", C, 45_000, now=NOW, margin_ms=500),
-            lease.hand_over("j1", C, 45_000), lease.claim("j1", Step(A, 1, "n3"), fresh, 60_000)]
-    out += [lease.claim("j2", Step(A, 4, "n4"), Step(C, 0, "n4"), 70_000), lease.rest("j2", Step(C, 0, "n4"), 5_000,
-                                                                                        finishing=True),
+            lease.hand_over("j1", C, 45_000), lease.claim("j1", ChainStep(A, 1, "n3"), fresh, 60_000)]
+    out += [lease.claim("j2", ChainStep(A, 4, "n4"), ChainStep(C, 0, "n4"), 70_000),
+            lease.rest("j2", ChainStep(C, 0, "n4"), 5_000, finishing=True),
             lease.release("j2", "x:1"), lease.release("j2", f"{C}:1*"), lease.release("j2", "gone")]
     out += [lease.start_many([("j3", A), ("j4", B), ("j3", C)], 30_000), lease.held(["j3", "j4", "j5"])]
     for i, mode in enumerate(["take", "take", "ahead", "take", "list", "spare", "peek", "take", "ahead", "take"]):
@@ -78,9 +78,9 @@ def redis_scenario(client: Any) -> list[Any]:
     budget.pause_key(300.0)
     out.append(("paused", budget.take("take", max_wait=10.0)))
     clock[0] += 400.0
-    out += [gate.enter("j6", Step(A, 0, "g1"), Step(B, 0, "g1"), 60_000, mode="take"),
-            gate.enter("j6", Step(B, 0, "g1"), Step(C, 0, "g2"), 60_000, mode="take"),
-            gate.enter("j6", Step(A, 0, "g3"), Step(C, 0, "g3"), 60_000, mode="none"),
+    out += [gate.enter("j6", ChainStep(A, 0, "g1"), ChainStep(B, 0, "g1"), 60_000, mode="take"),
+            gate.enter("j6", ChainStep(B, 0, "g1"), ChainStep(C, 0, "g2"), 60_000, mode="take"),
+            gate.enter("j6", ChainStep(A, 0, "g3"), ChainStep(C, 0, "g3"), 60_000, mode="none"),
             gate.take("ahead"), budget.state()]
     coverage = CoverageStore(client, "t:")
     coverage.found("image", "j7", NOW, submitted=NOW - 30, status="completed")

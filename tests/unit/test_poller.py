@@ -299,7 +299,7 @@ def test_a_status_read_that_crosses_the_deadline_still_fetches_the_result_it_fou
     rig.clock.t = msg.deadline_at - 0.01
     late = msg.next(due_at=rig.clock.t)
 
-    def reading_takes_time(job_id: str, budget: float | None = None) -> object:
+    def reading_takes_time(job_id: str, timeout: float | None = None) -> object:
         rig.clock.advance(1.0)  # the status read crosses the deadline
         return done()
 

@@ -36,9 +36,6 @@ from urllib.parse import urlsplit
 from ..core.clock import Clock
 from ..core.jobs import valid_key_id
 
-#: SQS rejects DelaySeconds above this; longer waits are re-queued in hops.
-SQS_MAX_DELAY_SECONDS = 900
-
 #: template.yaml's PollQueue VisibilityTimeout and PollFunction Timeout. A claim on a job's lease
 #: must expire before SQS delivers a message whose poller crashed again: the claim may be taken as
 #: late as the end of the function's timeout, and the message comes back at the visibility
@@ -293,6 +290,13 @@ class LeaseSettings(Group):
     start_ttl: int = setting("START_LEASE_SECONDS", 600, 1, 86_400)
 
 
+def safety_cadence() -> Any:
+    """The safety cadence (``SWEEP_SAFETY_SECONDS``, clock seconds): how often a chain of a kind that
+    bulk discovery covers still reads; the budget keeps a day's reserve by it. One variable, read
+    into each group that needs it."""
+    return setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSettings(Group):
     """Sume's per-key budgets (0 = not limited here). Defaults: Sume's documented numbers."""
@@ -304,9 +308,9 @@ class BudgetSettings(Group):
     #: Poll invocations that may run at once: the local pacing while Redis is down divides the
     #: budget by it, so every container together stays inside the budget.
     max_concurrency: int = setting("POLL_MAX_CONCURRENCY", 5, 1, 1_000)
-    #: The day's reserve: one read per pending job per this many clock seconds (the safety
-    #: cadence of chains where bulk discovery covers their kind) is kept for the rest of the day.
-    reserve_every: float = setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
+    #: The day's reserve: one read per pending job per safety cadence (of chains where bulk discovery
+    #: covers their kind) is kept for the rest of the day.
+    reserve_every: float = safety_cadence()
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +348,7 @@ class DiscoverySettings(Group):
     #: Kinds whose create endpoint sends webhooks (empty: webhooks off).
     webhook_kinds: frozenset[str] = frozenset()
     #: A chain of a covered kind reads at most this often (clock seconds; never past its deadline)...
-    safety: float = setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
+    safety: float = safety_cadence()
     #: ... and hops this often to check that sweeps still cover its kind.
     check: float = setting("SWEEP_CHECK_SECONDS", 180.0, 10.0, 3_600.0)
 

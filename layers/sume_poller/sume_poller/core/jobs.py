@@ -132,11 +132,13 @@ MAX_ERROR_DELAY = 300.0
 #: Backoff while a completed job's result is not ready yet (seconds): 5, 10, 20, ... capped.
 RESULT_WAIT_FIRST = 5.0
 MAX_RESULT_WAIT = 600.0
-_JITTER = 0.2
+#: How far a retry delay is spread: +/-20 %, so jobs that failed together do not retry together.
+RETRY_JITTER = 0.2
 
 
-def _jittered(base: float, rng: random.Random | None) -> float:
-    return base * (rng or random).uniform(1 - _JITTER, 1 + _JITTER)
+def jittered(value: float, share: float, rng: random.Random | None = None) -> float:
+    """``value`` spread evenly by +/- ``share`` of it (every delay the project re-queues with is)."""
+    return value * (rng or random).uniform(1 - share, 1 + share)
 
 
 def error_delay(errors: int, retry_after: float | None, rng: random.Random | None = None) -> float:
@@ -144,12 +146,12 @@ def error_delay(errors: int, retry_after: float | None, rng: random.Random | Non
     Sume sent one, else 2, 4, 8, ... capped at 5 minutes, with jitter."""
     if retry_after is not None and retry_after >= 0:
         return max(1.0, retry_after)
-    return min(_jittered(2.0 ** max(errors, 1), rng), MAX_ERROR_DELAY)
+    return min(jittered(2.0 ** max(errors, 1), RETRY_JITTER, rng), MAX_ERROR_DELAY)
 
 
 def result_wait_delay(waits: int, rng: random.Random | None = None) -> float:
     """Seconds until the next result fetch of a completed job whose result is not ready yet."""
-    return min(_jittered(RESULT_WAIT_FIRST * 2.0 ** max(waits, 0), rng), MAX_RESULT_WAIT)
+    return min(jittered(RESULT_WAIT_FIRST * 2.0 ** max(waits, 0), RETRY_JITTER, rng), MAX_RESULT_WAIT)
 
 
 # The sparse index "pending" has two kinds of partition: ``pNN`` holds the jobs still pending,

@@ -44,7 +44,7 @@ from typing import Any
 from ..config.keys import UnknownKey
 from ..core.observability import logger
 from ..limits.budget import Mode, RateInfo
-from ..limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from ..limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
 from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
@@ -109,7 +109,7 @@ class Drainer:
         key_id = msg.key or self.default_key
         name = drain_lease(key_id)
         nonce = new_nonce()
-        step, fresh = Step(msg.token, msg.seq, nonce), Step(new_token(), 0, nonce)
+        step, fresh = ChainStep(msg.token, msg.seq, nonce), ChainStep(new_token(), 0, nonce)
         claim = self.lease.claim(name, step, fresh, self.s.lease.claim_ttl * 1000)
         if claim is Claim.HELD:
             logger.info("drain held by another step; message dropped", extra={"key": key_id})
@@ -172,7 +172,7 @@ class Drainer:
                 return item, self.store.submission(key_id, str(item["idempotency_key"]))
         return None
 
-    def _replay(self, msg: DrainMessage, step: Step, item: dict[str, Any], report: DrainReport,
+    def _replay(self, msg: DrainMessage, step: ChainStep, item: dict[str, Any], report: DrainReport,
                 remaining_ms: Callable[[], int]) -> bool:
         """A head at its deadline after create attempts of unknown outcome: one more create with its
         Idempotency-Key on a create slot ahead of the queue, now (it settles the head whatever the
@@ -189,13 +189,13 @@ class Drainer:
         self._create(k, msg, step, item, report, remaining_ms, last=True)
         return True
 
-    def _create(self, k: SubmitKey, msg: DrainMessage, step: Step, item: dict[str, Any], report: DrainReport,
+    def _create(self, k: SubmitKey, msg: DrainMessage, step: ChainStep, item: dict[str, Any], report: DrainReport,
                 remaining_ms: Callable[[], int], *, last: bool = False) -> None:
         """The head's create; ``last``: its deadline passed (a replay): whatever Sume answers settles it."""
         kind, key = str(item["kind"]), str(item["idempotency_key"])
         params = json.loads(item["params"])
-        budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
-        outcome = k.sume.create(kind, params, key, budget=budget)
+        timeout = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
+        outcome = k.sume.create(kind, params, key, timeout=timeout)
         if isinstance(outcome, Created):
             reply = self.submitter.record_created(k, kind, params, key, outcome, bool(item.get("derived_key")))
             if reply["status"] == "submitted":
@@ -241,7 +241,7 @@ class Drainer:
         self.store.dequeue(str(item["job_id"]))
         logger.info("queued submission settled", extra={"submission_status": status, "queue_item": item["job_id"]})
 
-    def _next(self, msg: DrainMessage, step: Step, delay: float, *, slot: float | None = None,
+    def _next(self, msg: DrainMessage, step: ChainStep, delay: float, *, slot: float | None = None,
               errors: int = 0) -> None:
         """Rest the lease on the next step and send it, due in ``delay`` (at most one SQS delay:
         a longer wait takes several hops, the slot carried along)."""

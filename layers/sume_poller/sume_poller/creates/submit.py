@@ -326,8 +326,8 @@ class Submitter:
         last: Retryable | None = None
         for attempt in range(CREATE_ATTEMPTS):
             self._take_create_slot(k)
-            budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
-            outcome = k.sume.create(kind, params, key, budget=budget)
+            timeout = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
+            outcome = k.sume.create(kind, params, key, timeout=timeout)
             if not isinstance(outcome, Retryable):
                 return outcome
             last = outcome

@@ -14,7 +14,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "gate": ("ReadGate",),
     "pacer": ("LocalPacer",),
     "pending": ("PendingMailbox",),
-    "lease": ("Claim", "LeaseStore", "Step", "new_nonce", "new_token", "resting_value"),
+    "lease": ("ChainStep", "Claim", "LeaseStore", "new_nonce", "new_token", "resting_value"),
     "redisconn": (
         "ColdStartCheck", "MISCONFIGURED", "RedisFailure", "RedisMisconfigured", "UNAVAILABLE", "connect", "describe",
         "failure",

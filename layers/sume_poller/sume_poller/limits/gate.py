@@ -26,7 +26,7 @@ from typing import Any
 
 from ..core.observability import logger
 from .budget import BUDGET_LUA, Budget, Grant, Mode, RateInfo
-from .lease import CLAIM_LUA, Claim, LeaseStore, Step, new_nonce, new_token
+from .lease import CLAIM_LUA, ChainStep, Claim, LeaseStore, new_nonce, new_token
 from .pacer import LocalPacer
 from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, lua_script, reconnect, slow
 
@@ -61,7 +61,7 @@ class ReadGate:
         #: Pending jobs as fan-out last counted them (the limiter passes it on with each grant).
         self.pending: int | None = None
 
-    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: Mode = Mode.TAKE,
+    def enter(self, job_id: str, step: ChainStep, fresh: ChainStep, ttl_ms: int, *, mode: Mode = Mode.TAKE,
               max_wait: float = math.inf, slot: float = 0.0) -> Passage:
         """Claim ``step`` (or ``fresh`` if the lease is free); then, if ``step`` was claimed and
         ``mode`` is not :attr:`Mode.NONE`, take a read slot as ``mode`` asks (``slot``: the one a
@@ -155,7 +155,7 @@ class ReadGate:
         :func:`sume_poller.limits.redisconn.check`): the claim and the budget take together as a poll takes
         them (one script on two keys in standalone mode - a cluster endpoint refuses it), the
         budget's own script, and the release. Raises Redis's errors."""
-        step = Step(new_token(), 0, new_nonce())
+        step = ChainStep(new_token(), 0, new_nonce())
         if self._gate is None:
             self.lease.claim(PROBE, step, step, 5_000)
         else:

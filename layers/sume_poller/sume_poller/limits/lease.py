@@ -148,7 +148,7 @@ def new_nonce() -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
+class ChainStep:
     """One step of a chain: message ``(token, seq)``, processed by the delivery ``nonce``."""
 
     token: str
@@ -167,7 +167,7 @@ class Step:
     def next_resting(self) -> str:
         return f"{self.token}:{self.seq + 1}"
 
-    def claim_values(self, fresh: Step, ttl_ms: int) -> dict[str, Any]:
+    def claim_values(self, fresh: ChainStep, ttl_ms: int) -> dict[str, Any]:
         """The claim's arguments by name (:data:`CLAIM_ARGS`)."""
         return {"resting": self.resting, "claimed": self.claimed, "token": self.token, "seq": self.seq,
                 "fresh": fresh.claimed, "ttl_ms": ttl_ms}
@@ -182,7 +182,7 @@ class HandOver(NamedTuple):
     slot: float | None = None
 
 
-def resting_value(step: Step, finishing: bool = False, slot: float | None = None) -> str:
+def resting_value(step: ChainStep, finishing: bool = False, slot: float | None = None) -> str:
     """The lease value step n+1 rests under (see the module docstring)."""
     if finishing:
         return step.next_resting + "*"
@@ -207,7 +207,7 @@ class LeaseStore:
     def key(self, job_id: str) -> str:
         return self.prefix + job_id
 
-    def claim(self, job_id: str, step: Step, fresh: Step, ttl_ms: int) -> Claim:
+    def claim(self, job_id: str, step: ChainStep, fresh: ChainStep, ttl_ms: int) -> Claim:
         """Claim ``step`` (or, if the lease is free, ``fresh``: a new chain's step 0)."""
         return Claim(int(self._claim(keys=[self.key(job_id)], args=script_args(CLAIM_ARGS, step.claim_values(fresh,
                                                                                                      ttl_ms)))))
@@ -251,7 +251,7 @@ class LeaseStore:
                 taken[i] = value == f"{starts[i][1]}:0"
         return taken
 
-    def rest(self, job_id: str, step: Step, ttl_ms: int, *, finishing: bool = False,
+    def rest(self, job_id: str, step: ChainStep, ttl_ms: int, *, finishing: bool = False,
              slot: float | None = None) -> bool:
         """Before re-queueing step n+1: ``T:n!c`` -> ``T:n+1`` (``T:n+1*`` for a ``finishing``
         step: one that fetches a finished job's result; ``T:n+1@S`` for one that holds the read

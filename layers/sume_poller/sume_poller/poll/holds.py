@@ -18,7 +18,7 @@ from typing import Protocol
 
 from ..core.messages import RESULT_PHASE, PollMessage
 from ..core.observability import logger
-from ..limits.lease import LeaseStore, Step, resting_value
+from ..limits.lease import ChainStep, LeaseStore, resting_value
 from ..limits.redisconn import RedisFailure, describe
 from ..store.records import JobStore
 
@@ -32,7 +32,7 @@ class Hold(Protocol):
 class LeaseHold:
     """The job's Redis lease, held by one step of a chain."""
 
-    def __init__(self, lease: LeaseStore, job_id: str, step: Step) -> None:
+    def __init__(self, lease: LeaseStore, job_id: str, step: ChainStep) -> None:
         self.lease, self.job_id, self.step = lease, job_id, step
         self._rested = step.next_resting
 

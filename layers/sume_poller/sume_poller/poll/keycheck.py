@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..core.clock import Clock
 from ..limits.gate import ReadGate
 from ..sume.client import Refused, Retryable, SumeClient
-from .step import AFTER_READ_REAL, MIN_READ_REAL, Deadline
+from .step import Deadline
 
 #: How long a "the key is fine" answer holds (clock seconds).
 KEY_CHECK_TTL = 60.0
@@ -24,6 +24,8 @@ KEY_CHECK_TTL = 60.0
 KEY_CHECK_WAIT = 2.0
 #: How long a refused key pauses every read, key-wide (clock seconds).
 KEY_PAUSE = 300.0
+#: A paused key's chains wake spread over this many clock seconds after the pause, not all at once.
+PAUSE_SPREAD = 30.0
 
 
 class KeyCheck:
@@ -46,14 +48,14 @@ class KeyCheck:
             return False
         if not self._slot(deadline):
             return None
-        listing = self.sume.list_jobs(limit=1, budget=deadline.call_budget())
+        listing = self.sume.list_jobs(limit=1, timeout=deadline.call_timeout())
         self.gate.tell(listing.rate, self.clock.now())
         if isinstance(listing, Retryable):
             return None
         if isinstance(listing, Refused) and listing.why == "forbidden" and self._last_ok_job:
             if not self._slot(deadline):
                 return None
-            probe = self.sume.get_status(self._last_ok_job, budget=deadline.call_budget())
+            probe = self.sume.get_status(self._last_ok_job, timeout=deadline.call_timeout())
             self.gate.tell(probe.rate, self.clock.now())
             if isinstance(probe, Retryable):
                 return None
@@ -65,4 +67,4 @@ class KeyCheck:
         return refused
 
     def _slot(self, deadline: Deadline) -> bool:
-        return self.gate.slot_soon(KEY_CHECK_WAIT, deadline.left() - MIN_READ_REAL - AFTER_READ_REAL)
+        return self.gate.slot_soon(KEY_CHECK_WAIT, deadline.wait_room())

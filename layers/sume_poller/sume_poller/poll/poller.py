@@ -59,7 +59,7 @@ from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, P
 from ..core.observability import logger
 from ..limits.budget import Mode
 from ..limits.gate import ReadGate
-from ..limits.lease import Claim, Step, new_nonce, new_token
+from ..limits.lease import ChainStep, Claim, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
@@ -67,10 +67,10 @@ from ..sume.client import Refused, Retryable, SumeClient
 from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
-from .keycheck import KEY_PAUSE, KeyCheck
+from .keycheck import KEY_PAUSE, PAUSE_SPREAD, KeyCheck
 from .outbox import Finished, Finisher, StepHook
 from .results import keep_result
-from .step import AFTER_READ_REAL, LAST_READ_WAIT, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
+from .step import LAST_READ_WAIT, PACED_HOP, Deadline, Outcome, Run, plan
 
 #: Re-queues that wait for a read slot (or for invocation time): a last read at the deadline still
 #: makes them; any other re-queue of a last read records the job timed_out instead.
@@ -115,7 +115,7 @@ class Poller:
 
     # -- entry ----------------------------------------------------------------------------------
     def process(self, msg: PollMessage, deadline: Deadline) -> Outcome:
-        if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+        if not deadline.fits_a_read():
             # Not enough of the invocation left to finish a step: the same message goes back.
             return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
         if msg.phase == OUTBOX_PHASE:  # fan-out's: take the outbox's publish claim; no lease, no read
@@ -126,7 +126,7 @@ class Poller:
         p = plan(msg, now, clock=self.clock, max_delay=self.queue.max_delay, margin_real=self.s.lease.margin,
                  claim_ttl_real=self.s.lease.claim_ttl, patience=self.cadence.patience)
         nonce = new_nonce()
-        step, fresh = (Step(msg.token, msg.seq, nonce) if msg.token else None), Step(new_token(), 0, nonce)
+        step, fresh = (ChainStep(msg.token, msg.seq, nonce) if msg.token else None), ChainStep(new_token(), 0, nonce)
         passage = self.gate.enter(msg.job_id, step or fresh, fresh, p.ttl_ms, mode=p.mode, max_wait=p.patience,
                                   slot=msg.slot_at or 0.0)
         if passage.claim is None:
@@ -177,7 +177,7 @@ class Poller:
             return self._requeue(run, due=chain.due_at, name="hopped", slot_at=chain.slot_at)
         if grant is not None and not grant.now:
             return self._wait_for_slot(run, grant)
-        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
+        if not run.deadline.fits_a_read():
             return self._requeue(run, due=now, name="out_of_time")
         finding = chain.outcome
         if chain.phase == RESULT_PHASE and finding is not None:
@@ -202,12 +202,12 @@ class Poller:
             return self._requeue(run, due=at, name="budget_wait", slot_at=at,
                                  signal="KeyPaused" if grant.key_paused else "BudgetExhausted")
         if grant.key_paused:
-            return self._requeue(run, due=now + grant.wait + self.cadence.rng.uniform(0, 30), name="key_paused",
+            return self._requeue(run, due=now + grant.wait + self._spread(), name="key_paused",
                                  signal="KeyPaused")
         return self._requeue(run, due=now + self.cadence.defer(run.chain, now, grant.wait), name="deferred")
 
     def _read_status(self, run: Run) -> Outcome:
-        reply = self.sume.get_status(run.chain.job_id, budget=run.deadline.call_budget())
+        reply = self.sume.get_status(run.chain.job_id, timeout=run.deadline.call_timeout())
         now = self.clock.now()
         self._step("read", run.chain.job_id)
         self.gate.tell(reply.rate, now)
@@ -239,15 +239,15 @@ class Poller:
             wait = max(reply.next_poll_after or 0.0, result_wait_delay(run.chain.result_waits, self.cadence.rng))
             return self._requeue(run, due=now + wait, name="result_not_ready", signal="ResultNotReady",
                                  result_waits=run.chain.result_waits + 1)
-        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # the result at once, if the invocation has the time
+        if not run.deadline.fits_a_read():  # the result at once, if the invocation has the time
             return self._requeue(run, due=now, name="out_of_time")
         grant = self.gate.take(Mode.AHEAD)
         return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
 
     def _fetch_result(self, run: Run) -> Outcome:
         deadline = run.deadline
-        reply = self.sume.get_result(run.chain.job_id, budget=deadline.call_budget(), inline_limit=INLINE_RESULT_BYTES,
-                                     time_left=lambda: deadline.left() - AFTER_READ_REAL)
+        reply = self.sume.get_result(run.chain.job_id, timeout=deadline.call_timeout(),
+                                     inline_limit=INLINE_RESULT_BYTES, time_left=deadline.call_left)
         now = self.clock.now()
         self._step("result", run.chain.job_id)
         self.gate.tell(reply.rate, now)
@@ -344,7 +344,7 @@ class Poller:
             "http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id,
             "pause_seconds": KEY_PAUSE})
         self.gate.pause_key(KEY_PAUSE)
-        return self._requeue(run, due=self.clock.now() + KEY_PAUSE + self.cadence.rng.uniform(0, 30),
+        return self._requeue(run, due=self.clock.now() + KEY_PAUSE + self._spread(),
                              name="key_rejected", signal="SumeAuthFailed")
 
     def _refused(self, run: Run, reply: Refused) -> Outcome:
@@ -409,6 +409,10 @@ class Poller:
     def _ended(run: Run, done: Finished, **fields: Any) -> Outcome:
         run.signals.extend(done.signals)
         return run.outcome(done.name, **fields)
+
+    def _spread(self) -> float:
+        """Clock seconds added to a wait for a paused key: its chains wake over half a minute, not at once."""
+        return self.cadence.rng.uniform(0, PAUSE_SPREAD)
 
     def _requeue(self, run: Run, *, due: float, name: str, signal: str | None = None, **changes: Any) -> Outcome:
         """Rest the hold until the next step is due (never past the deadline, but for a read slot at most

@@ -32,7 +32,7 @@ LAST_READ_WAIT = 300.0
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class StepPlan:
     """What a step asks of the gate."""
 
     #: Clock seconds until the message is due (it only hops, reading nothing); None: due now.
@@ -49,7 +49,7 @@ class Plan:
 
 
 def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin_real: float, claim_ttl_real: float,
-         patience: Callable[[PollMessage, float], float]) -> Plan:
+         patience: Callable[[PollMessage, float], float]) -> StepPlan:
     """What step ``msg`` asks of the gate at clock time ``now``. At or past the job's deadline a step
     reads once more: it accepts a slot at most ``LAST_READ_WAIT`` past the deadline."""
     due = min(msg.due_at, float(msg.deadline_at))
@@ -64,7 +64,7 @@ def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin
     wait = patience(msg, now) if mode is Mode.TAKE else math.inf
     if now >= msg.deadline_at and mode in (Mode.TAKE, Mode.AHEAD):
         wait = min(wait, max(0.0, msg.deadline_at + LAST_READ_WAIT - now))
-    return Plan(hop, max(1, int(ttl * 1000)), mode, wait)
+    return StepPlan(hop, max(1, int(ttl * 1000)), mode, wait)
 
 
 class Deadline:
@@ -77,9 +77,21 @@ class Deadline:
     def left(self) -> float:
         return self._end - self._now()
 
-    def call_budget(self) -> float:
-        """Real seconds a Sume call may take and still leave time for what follows it."""
-        return max(0.05, self.left() - AFTER_READ_REAL)
+    def call_left(self) -> float:
+        """Real seconds a Sume call (a result streaming in, say) may still take, leaving what follows it its time."""
+        return self.left() - AFTER_READ_REAL
+
+    def call_timeout(self) -> float:
+        """The timeout of a Sume call starting now: :meth:`call_left`, at least 50 ms."""
+        return max(0.05, self.call_left())
+
+    def fits_a_read(self) -> bool:
+        """Whether a Sume read still fits: its shortest call and what follows it."""
+        return self.left() >= MIN_READ_REAL + AFTER_READ_REAL
+
+    def wait_room(self) -> float:
+        """Real seconds a wait may take and still leave a read its time."""
+        return self.left() - MIN_READ_REAL - AFTER_READ_REAL
 
 
 @dataclass(frozen=True, slots=True)

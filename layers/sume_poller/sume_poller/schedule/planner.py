@@ -49,7 +49,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ..core.jobs import LONG_KINDS
+from ..core.jobs import LONG_KINDS, jittered
 from .durations import LogNormal
 
 #: Static schedules (seconds between reads, indexed by attempt; the last value repeats).
@@ -125,7 +125,7 @@ def static_delay(kind: str | None, attempt: int, rng: random.Random | None = Non
     schedule: indexed by attempt, the last value repeats, +/-20 % jitter, at least 1 s."""
     schedule = static_schedule(kind)
     base = schedule[min(max(attempt, 0), len(schedule) - 1)]
-    return max(1.0, base * (rng or random).uniform(1 - STATIC_JITTER, 1 + STATIC_JITTER))
+    return max(1.0, jittered(base, STATIC_JITTER, rng))
 
 
 def static_read_ages(kind: str | None, until: float, limit: int = 100_000) -> list[float]:
@@ -263,7 +263,7 @@ def static_metrics(model: LogNormal, kind: str | None, q: float = 0.95,
 # -- the learned plan -------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class LearnedPlan:
     """The learned read schedule of one model: a DP over ``ages`` (see the module docstring).
 
     ``values[j]`` is the optimal expected cost still to come (reads + multipliers x delay and
@@ -374,7 +374,7 @@ def _continue(model: LogNormal, start: float, ratio: float, bounds: Bounds, expe
 
 
 @functools.lru_cache(maxsize=128)
-def learned_plan(model: LogNormal, kind: str | None = None, bounds: Bounds = Bounds()) -> Plan:
+def learned_plan(model: LogNormal, kind: str | None = None, bounds: Bounds = Bounds()) -> LearnedPlan:
     """Build (and cache) the learned plan of ``model``, against the static schedule of ``kind``
     (only short/long matters: :func:`next_delay` passes "image" or "video")."""
     static = static_metrics(model, kind)
@@ -533,7 +533,7 @@ def learned_plan(model: LogNormal, kind: str | None = None, bounds: Bounds = Bou
     else:  # the targets are out of the grid's reach: next_delay keeps the static schedule
         lam1, lam2 = 2.0**l1_hi, 2.0 ** _LATE_LADDER[-1]
     metrics, shifted, values, chain = evaluate(lam1, lam2)
-    return Plan(model=model, bounds=bounds, ages=tuple(ages), values=tuple(values), lam_delay=lam1,
+    return LearnedPlan(model=model, bounds=bounds, ages=tuple(ages), values=tuple(values), lam_delay=lam1,
                 lam_late=lam2, late_ratio=x, tail_ratio=tail_ratio, expected=expected,
                 reads=tuple(ages[j] for j in chain) + tuple(tail_ages), learned=metrics, static=static,
                 feasible=bool(feasible) and metrics.reads < static.reads,
@@ -555,10 +555,6 @@ def late_model(model: LogNormal) -> LogNormal:
 
 # -- the entry point ------------------------------------------------------------------------------
 
-def _jitter(delay: float, share: float, rng: random.Random | None) -> float:
-    return delay * (rng or random).uniform(1 - share, 1 + share)
-
-
 def next_delay(kind: str | None, attempt: int, age: float, last_running_age: float | None,
                model: LogNormal | None, bounds: Bounds, hint: float | None = None,
                rng: random.Random | None = None) -> float:
@@ -576,7 +572,7 @@ def next_delay(kind: str | None, attempt: int, age: float, last_running_age: flo
         if not plan.feasible:
             return next_delay(kind, attempt, age, last_running_age, None, bounds, hint, rng)
         target = plan.next_read_age(last_running_age or 0.0, age)
-        delay = bounds.limit(_jitter(target - age, LEARNED_JITTER, rng), age, plan.expected)
+        delay = bounds.limit(jittered(target - age, LEARNED_JITTER, rng), age, plan.expected)
     if hint is not None and hint > delay:  # NaN compares False: ignored
         delay = float(hint)
     return delay

@@ -23,7 +23,7 @@ routes it calls (a frozen dataclass costs about 0.4 ms of a Python 3.13 cold sta
 and result in :mod:`.status`, a page of the list in :mod:`.listing`, a create in :mod:`.created`.
 
 Every outcome carries the reply's rate-limit headers (:class:`~sume_poller.limits.budget.RateInfo`).
-Each call is bounded by a total time (the caller's budget for it); urllib3 retries once, and
+Each call is bounded by a total time (the caller's ``timeout`` for it); urllib3 retries once, and
 only connect errors, where no request reached Sume. The API key is never logged; neither are
 result URLs or payloads.
 """
@@ -187,13 +187,13 @@ class SumeClient:
         )
 
     # -- transport ------------------------------------------------------------------------------
-    def _timeout(self, budget: float | None) -> Timeout:
-        if budget is None:
+    def _timeout(self, seconds: float | None) -> Timeout:
+        if seconds is None:
             return Timeout(connect=self.connect_timeout, read=self.read_timeout)
-        budget = max(0.05, budget)
-        return Timeout(total=budget, connect=min(self.connect_timeout, budget), read=min(self.read_timeout, budget))
+        seconds = max(0.05, seconds)
+        return Timeout(total=seconds, connect=min(self.connect_timeout, seconds), read=min(self.read_timeout, seconds))
 
-    def _send(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
+    def _send(self, method: str, path: str, *, timeout: float | None, body: Mapping[str, Any] | None = None,
               headers: Mapping[str, str] | None = None) -> Any:
         """The response, unread (raises urllib3's errors)."""
         hdrs = {"Authorization": f"Bearer {self._api_key()}", **(headers or {})}
@@ -202,7 +202,7 @@ class SumeClient:
             payload = json.dumps(body).encode()
             hdrs["Content-Type"] = "application/json"
         return self._http.request(method, self._base + path, body=payload, headers=hdrs,
-                                  preload_content=False, timeout=self._timeout(budget))
+                                  preload_content=False, timeout=self._timeout(timeout))
 
     @staticmethod
     def _parse(response: Any, raw: bytes, limit: int) -> _Reply:
@@ -214,10 +214,10 @@ class SumeClient:
             parsed = _MALFORMED
         return _Reply(response.status, parsed, response.headers)
 
-    def _request(self, method: str, path: str, *, budget: float | None, body: Mapping[str, Any] | None = None,
+    def _request(self, method: str, path: str, *, timeout: float | None, body: Mapping[str, Any] | None = None,
                  headers: Mapping[str, str] | None = None, limit: int = MAX_BODY) -> _Reply:
         try:
-            resp = self._send(method, path, budget=budget, body=body, headers=headers)
+            resp = self._send(method, path, timeout=timeout, body=body, headers=headers)
         except Urllib3Error as exc:
             return _Reply(None, None, {}, type(getattr(exc, "reason", None) or exc).__name__)
         try:
@@ -242,16 +242,16 @@ class SumeClient:
         return Refused(_REFUSALS.get(status, "request"), status, code, message, request_id, rate)
 
     # -- API ------------------------------------------------------------------------------------
-    def get_status(self, job_id: str, budget: float | None = None) -> StatusOutcome:
-        """``GET /jobs/{id}``; ``budget``: real seconds this call may take in all."""
+    def get_status(self, job_id: str, timeout: float | None = None) -> StatusOutcome:
+        """``GET /jobs/{id}``; ``timeout``: real seconds this call may take in all."""
         from .status import interpret_status
 
-        reply = self._request("GET", f"/jobs/{quote(job_id, safe='')}", budget=budget)
+        reply = self._request("GET", f"/jobs/{quote(job_id, safe='')}", timeout=timeout)
         if reply.status != 200:
             return self._failure(reply)
         return interpret_status(reply.body, reply.request_id, parse_rate(reply.headers))
 
-    def get_result(self, job_id: str, budget: float | None = None, *, inline_limit: int = MAX_BODY,
+    def get_result(self, job_id: str, timeout: float | None = None, *, inline_limit: int = MAX_BODY,
                    time_left: Callable[[], float] | None = None) -> ResultOutcome:
         """``GET /jobs/{id}/result``: any JSON value is a result. A body up to ``inline_limit``
         bytes is read and parsed (:class:`Result`); a larger one comes back unread as a
@@ -260,7 +260,7 @@ class SumeClient:
         from .status import Oversized, Result, ResultStream
 
         try:
-            resp = self._send("GET", f"/jobs/{quote(job_id, safe='')}/result", budget=budget)
+            resp = self._send("GET", f"/jobs/{quote(job_id, safe='')}/result", timeout=timeout)
         except Urllib3Error as exc:
             return Retryable(f"transport:{type(getattr(exc, 'reason', None) or exc).__name__}")
         streaming = False
@@ -292,13 +292,13 @@ class SumeClient:
         return Result(reply.body, reply.request_id, rate)
 
     def list_jobs(self, *, limit: int, cursor: str | None = None, type_: str | None = None,
-                  status: str | None = None, budget: float | None = None) -> ListOutcome:
+                  status: str | None = None, timeout: float | None = None) -> ListOutcome:
         """``GET /jobs`` with the given filters: one page."""
         from .listing import Listing
 
         query = {k: v for k, v in (("limit", str(limit)), ("cursor", cursor), ("type", type_),
                                    ("status", status)) if v is not None}
-        reply = self._request("GET", "/jobs?" + urlencode(query), budget=budget)
+        reply = self._request("GET", "/jobs?" + urlencode(query), timeout=timeout)
         if reply.status != 200:
             return self._failure(reply)
         body = reply.body
@@ -312,11 +312,11 @@ class SumeClient:
                        bool(cursor_fields), parse_rate(reply.headers))
 
     def create(self, kind: str, params: Mapping[str, Any], idempotency_key: str,
-               budget: float | None = None) -> CreateOutcome:
+               timeout: float | None = None) -> CreateOutcome:
         """Start a paid job. Always sends ``Idempotency-Key``; retry only with the same key."""
         from .created import Created, extract_job_ids
 
-        reply = self._request("POST", CREATE_PATHS[kind], body=params, budget=budget,
+        reply = self._request("POST", CREATE_PATHS[kind], body=params, timeout=timeout,
                               headers={"Idempotency-Key": idempotency_key})
         if reply.status is None:
             return Retryable(f"transport:{reply.error}")  # outcome unknown: retry with the same key
