@@ -169,7 +169,6 @@ class FanOut:
     def _lane(self) -> bool:
         """One key's chains; False when Redis cannot be asked (no key's chains can start)."""
         started = self.report.started
-        self._count()
         try:
             allowance = self._allowance()
             self.report.allowance += allowance
@@ -179,22 +178,33 @@ class FanOut:
             self.report.redis_unavailable = kind == UNAVAILABLE
             self.report.redis_misconfigured = kind == MISCONFIGURED
             logger.error(f"{kind}: fan-out starts no chain this tick", extra=describe(exc))
+            self._count({})
             return False
+        seen: dict[int, int] = {}
         try:
-            self._pending(cursor, started + allowance)
+            self._pending(cursor, started + allowance, seen)
         finally:
             self._flush()
         self.report.started_by_key[self.lane.key] = self.report.started - started
+        self._count(seen)
         return True
 
     @property
     def cursor_key(self) -> str:
         return f"{self.lane.scope}!fanout-cursor"
 
-    def _count(self) -> None:
-        """The key's pending jobs, for its budget's max-gap backstop and the sweeps' cost rule (one
-        COUNT query per partition, whatever the start allowance)."""
-        count = sum(self.store.count(self.lane.shard(f"p{i:02d}")) for i in range(self.s.jobs.pending_shards))
+    def _count(self, seen: dict[int, int]) -> None:
+        """The key's pending jobs, for its budget's day reserve and max-gap backstop and the sweeps'
+        cost rule, told after the tick's starts (its own allowance used the count the last tick told).
+        ``seen``: the partitions this tick read whole, with the records their pages held - a COUNT
+        query of one would read the same records again (DynamoDB bills a COUNT by the data it reads);
+        the others get one (a tick stopped by its allowance, one that found Redis down). A tick out of
+        time leaves them uncounted rather than overrun: the budget keeps the last count."""
+        shards = range(self.s.jobs.pending_shards)
+        if any(i not in seen for i in shards) and self.remaining_ms() < self.s.safety_margin_ms:
+            logger.warning("pending jobs not counted this tick (out of time)", extra={"key": self.lane.key})
+            return
+        count = sum(seen[i] if i in seen else self.store.count(self.lane.shard(f"p{i:02d}")) for i in shards)
         self.report.pending_by_key[self.lane.key] = count
         self.report.pending_counted = (self.report.pending_counted or 0) + count
         with contextlib.suppress(*RedisFailure):
@@ -277,11 +287,13 @@ class FanOut:
             pipe.execute()
         return due
 
-    def _pending(self, cursor: Cursor, allowance: float) -> None:
-        """Start the lane's chains until ``allowance`` (counting every lane's starts so far)."""
+    def _pending(self, cursor: Cursor, allowance: float, seen: dict[int, int]) -> None:
+        """Start the lane's chains until ``allowance`` (counting every lane's starts so far); ``seen``
+        gets the record count of each partition read whole, from its first page to its last."""
         shards = self.s.jobs.pending_shards
         starts = allowance if math.isinf(allowance) else math.floor(allowance)
         for _ in range(shards):
+            records = 0 if cursor.key is None else None  # None: the partition's head is not read here
             while True:
                 if self._out_of_time() or self.report.started >= starts:
                     self._save_cursor(cursor)
@@ -289,6 +301,7 @@ class FanOut:
                 shard = self.lane.shard(f"p{cursor.shard:02d}")
                 items, last = self.store.pending_page(shard, cursor.key, self.page_size)
                 self.report.pages += 1
+                records = None if records is None else records + len(items)
                 now = self.clock.now()
                 valid = self._valid(items)
                 cursor.oldest = min([cursor.oldest or math.inf, *(float(j["submitted_at"]) for j in valid
@@ -306,6 +319,8 @@ class FanOut:
                 cursor.key = last
                 if not last:
                     break
+            if records is not None:
+                seen[cursor.shard] = records
             cursor.shard = (cursor.shard + 1) % shards
             cursor.key = None
             if cursor.shard == 0:  # a whole round of the pending index: its oldest submission is known
