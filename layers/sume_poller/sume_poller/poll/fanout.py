@@ -33,6 +33,7 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,6 +50,9 @@ from ..store.queue import SQS_BATCH, Outgoing, PollQueue
 from ..store.records import JobStore
 
 PAGE_SIZE = 100
+#: Start batches in flight on the sender thread while the next page is read and leased: the tick's
+#: SQS calls overlap its index reads and Redis round trips instead of following them.
+SENDS_IN_FLIGHT = 2
 #: The longest wait (clock seconds) before an unfinished outbox is sent again.
 OUTBOX_BACKOFF_MAX = 3_600.0
 
@@ -124,8 +128,12 @@ class FanOut:
         self.report = FanOutReport()
         self.lane = self.lanes[0]
         #: Chains started (leases taken) whose first message is not sent yet: sent in full
-        #: SendMessageBatch calls across pages, the rest when the tick ends.
+        #: SendMessageBatch calls across pages, the rest when the lane ends.
         self._ready: list[tuple[dict[str, Any], str]] = []
+        #: Their sends on the sender thread, oldest first: the messages (job id -> message, token) and
+        #: the job ids SQS did not take. Each is settled on this thread (unsent: lease freed).
+        self._in_flight: list[tuple[dict[str, tuple[PollMessage, str]], Future[set[str]]]] = []
+        self._sender: ThreadPoolExecutor | None = None
 
     @property
     def budget(self) -> Budget:
@@ -134,10 +142,14 @@ class FanOut:
     def run(self) -> FanOutReport:
         self._outbox()
         turn = int(self.clock.now() // max(self.s.period, 1.0)) % len(self.lanes)
-        for lane in self.lanes[turn:] + self.lanes[:turn]:  # the keys take turns at going first
-            self.lane = lane
-            if not self._lane():
-                break
+        try:
+            for lane in self.lanes[turn:] + self.lanes[:turn]:  # the keys take turns at going first
+                self.lane = lane
+                if not self._lane():
+                    break
+        finally:
+            if self._sender is not None:  # every send was settled when its lane ended
+                self._sender.shutdown()
         if self.create_queue is not None and not self.report.redis_unavailable:
             self._drains()
         return self.report
@@ -335,11 +347,11 @@ class FanOut:
             self.budget.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
-        jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key
         """Start a chain for each job whose lease is free (one pipelined round trip); its first
         message goes out with the next full batch. A held lease means the job has a live chain."""
         if not jobs:
             return
+        jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key
         tokens = [new_token() for _ in jobs]
         taken = self.lease.start_many([(j["job_id"], t) for j, t in zip(jobs, tokens, strict=True)],
                                       self.s.lease.start_ttl * 1000)
@@ -351,13 +363,32 @@ class FanOut:
             self._flush(len(self._ready) // SQS_BATCH * SQS_BATCH)
 
     def _flush(self, count: int | None = None) -> None:
-        """Send the first ``count`` ready messages (all by default)."""
+        """Send the first ``count`` ready messages on the sender thread, at most SENDS_IN_FLIGHT
+        batches ahead of this one; without ``count``, all of them, and wait until every send is
+        settled (a lane ends with nothing in flight)."""
         batch = self._ready[:count]
         self._ready = self._ready[len(batch):]
         if batch:
-            self.report.started -= len(batch) - self._send(batch, lease=True)
+            if len(self._in_flight) >= SENDS_IN_FLIGHT:
+                self._settle(*self._in_flight.pop(0))
+            messages = self._messages(batch, lease=True)
+            self._sender = self._sender or ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanout-send")
+            self._in_flight.append((messages, self._sender.submit(self.queue.send, self._outgoing(messages))))
+        while count is None and self._in_flight:
+            self._settle(*self._in_flight.pop(0))
 
-    def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
+    def _settle(self, messages: dict[str, tuple[PollMessage, str]], sent: Future[set[str]]) -> None:
+        """A start batch's send is done: the chains whose first message SQS did not take are not started
+        (their leases freed: the next tick tries again)."""
+        try:
+            unsent = sent.result()
+        except Exception:  # PollQueue.send reports what failed; anything else fails the whole batch
+            unsent = set(messages)
+        self._unsent(messages, unsent, lease=True)
+        self.report.started -= len(unsent)
+
+    def _messages(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> dict[str, tuple[PollMessage, str]]:
+        """Each job's first message (job id -> message, token), due now."""
         now = self.clock.now()
         messages = {}
         for job, token in starts:
@@ -367,13 +398,25 @@ class FanOut:
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
                               phase=STATUS_PHASE if lease else OUTBOX_PHASE, key=job.get("key") if lease else None)
             messages[job["job_id"]] = (msg, token)
-        unsent = self.queue.send(Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items())
-        for job_id in unsent if lease else ():  # free the lease: the next tick tries again
+        return messages
+
+    @staticmethod
+    def _outgoing(messages: dict[str, tuple[PollMessage, str]]) -> list[Outgoing]:
+        return [Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items()]
+
+    def _unsent(self, messages: dict[str, tuple[PollMessage, str]], unsent: set[str], *, lease: bool) -> None:
+        """Messages SQS did not take: counted and logged; a start's lease is freed (the next tick tries again)."""
+        for job_id in unsent if lease else ():
             with contextlib.suppress(*RedisFailure):
                 self.lease.release(job_id, f"{messages[job_id][1]}:0")
         if unsent:
             logger.error("poll messages not sent; the next fan-out tick tries again", extra={"count": len(unsent)})
         self.report.send_failed += len(unsent)
+
+    def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
+        messages = self._messages(starts, lease=lease)
+        unsent = self.queue.send(self._outgoing(messages))
+        self._unsent(messages, unsent, lease=lease)
         return len(messages) - len(unsent)
 
     def _valid(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
