@@ -31,6 +31,10 @@ Figures (column "ratio" is the number the target applies to):
   keys      one deployment serving many Sume keys: four keys' served/budget and 429s/attempts in one run,
             and a key's p95 detection delay beside a key with 1,000 pending jobs / alone (a virtual
             clock, bench/fig_keys.py)
+  cost      dollars per 1,000 jobs and a month at 1,000 / 10,000 / 100,000 jobs a day, every billable call
+            counted on the in-process stack and priced at AWS's us-east-1 prices, per deployment (ElastiCache
+            Serverless, a node, a hosted Redis) beside Step Functions Standard and a scheduled Lambda over a
+            due-time index (bench/fig_cost.py)
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from pathlib import Path
 from bench import ROOT, SCRATCH
 from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "keys")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "keys", "cost")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -155,6 +159,9 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "keys" in chosen:
         from bench import fig_keys
         _guard(rows, "keys many keys", "see keys", lambda: fig_keys.measure(quick=quick, seed=args.seed))
+    if "cost" in chosen:
+        from bench import fig_cost
+        _guard(rows, "cost per job", f"<= {fig_cost.TARGET}", lambda: fig_cost.measure(quick=quick, seed=args.seed))
     if "6" in chosen:
         from bench import fig_e2e
         if args.skip_e2e:
