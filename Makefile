@@ -15,8 +15,11 @@
 #   make invoke FN=SubmitFunction EVENT=events/submit_image.json   Docker-free sam local invoke
 #   make sim               the Sume simulator on :8787
 #   make status | models | redrive   a deployed stack: counts, the learned model per kind, DLQ
-#                          redrive (STACK=name, CONFIG_ENV=default|dev|prod; with
+#                          redrive (DLQ=poll|terminal-queue|terminal-target; STACK=name,
+#                          CONFIG_ENV=default|dev|prod; with
 #                          AWS_ENDPOINT_URL=... against ministack)
+#   make migrate-keys      the key configuration's inline secrets moved to secrets of their own
+#                          (then FINISH=1 after deploying; README "Many keys")
 #   make logs FN=PollFunction   sam logs of a deployed stack's function
 #   make clean
 PYTHON  ?= python3.11
@@ -43,7 +46,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-dev setup-e2e setup-lint redis lint docs build test test-unit test-integration test-e2e demo bench invoke sim status \
-        models redrive logs clean
+        models redrive migrate-keys logs clean
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
 # $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, installs with uv (log in
@@ -152,7 +155,11 @@ models: $(VENV)/.installed
 	$(PYRUN) -m tools.ops models --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
 
 redrive: $(VENV)/.installed
-	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))
+	$(PYRUN) -m tools.ops redrive --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK)) $(if $(DLQ),--dlq $(DLQ))
+
+# The key configuration's inline secrets to secrets of their own (FINISH=1 after deploying; README "Many keys").
+migrate-keys: $(VENV)/.installed
+	$(PYRUN) -m tools.ops migrate-keys --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK)) $(if $(FINISH),--finish)
 
 logs: $(SAMVENV)/.installed
 	$(SAM) logs --config-env $(CONFIG_ENV) -n $(FN) $(if $(STACK),--stack-name $(STACK)) $(LOGS_ARGS)

@@ -261,7 +261,7 @@ class _MemoryStore:
         self.records: dict[str, dict[str, Any]] = {}
         self.pending = 0
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int) -> None:
@@ -276,7 +276,7 @@ class _MemoryStore:
     def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
         return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> Any:
         from sume_poller.store.records import TerminalWrite
 
         record = self.records.get(job_id)
@@ -285,9 +285,20 @@ class _MemoryStore:
         record.update(status=outcome.status, terminal_at=now, event_pending=True, found_by=outcome.found_by,
                       status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       seen_running_at=outcome.seen_running_at, seen_terminal_at=outcome.seen_terminal_at,
-                      has_result="result_json" in outcome.result)
+                      has_result="result_json" in outcome.result, evidence=outcome.evidence,
+                      **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}))
         self.pending -= 1
         return TerminalWrite(True, dict(record))
+
+    def claim_outbox(self, job_id: str, claim: Any, *, now: float) -> Any:
+        from bench.harness import take_claim
+
+        return take_claim(self.records.get(job_id), claim, now)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        from bench.harness import free_claim
+
+        return free_claim(self.records.get(job_id), token)
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         return self.records[job_id].pop("event_pending", None) is not None

@@ -144,7 +144,7 @@ class KeyedStore:
         with self._lock:
             return {j: dict(self.records[j]) for j in job_ids if j in self.records}
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> Any:
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> Any:
         from sume_poller.core.jobs import shard_of
         from sume_poller.store.records import TerminalWrite
 
@@ -155,10 +155,23 @@ class KeyedStore:
             outbox = shard_of(job_id, self.shards, "o")
             self._move(job_id, record["pending_shard"], outbox)
             record.update(status=outcome.status, terminal_at=now, event_pending=True, pending_shard=outbox,
-                          found_by=outcome.found_by, status_reads=outcome.status_reads,
-                          result_reads=outcome.result_reads, **outcome.result)
+                          found_by=outcome.found_by, status_reads=outcome.status_reads, evidence=outcome.evidence,
+                          result_reads=outcome.result_reads, **outcome.result,
+                          **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}))
             self.pending[record["key"]] -= 1
             return TerminalWrite(True, dict(record))
+
+    def claim_outbox(self, job_id: str, claim: Any, *, now: float) -> Any:
+        from bench.harness import take_claim
+
+        with self._lock:
+            return take_claim(self.records.get(job_id), claim, now)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        from bench.harness import free_claim
+
+        with self._lock:
+            return free_claim(self.records.get(job_id), token)
 
     def clear_outbox(self, job_id: str, *, now: float) -> bool:
         with self._lock:
@@ -168,7 +181,7 @@ class KeyedStore:
             self._move(job_id, record.pop("pending_shard", None), None)
             return True
 
-    def keep_result(self, job_id: str, reply: Any, max_bytes: int) -> dict[str, Any]:
+    def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         return {"result_json": "{}", "result_bytes": 2}
 
     def put_observation(self, *args: Any, **kwargs: Any) -> None:

@@ -243,8 +243,8 @@ class CountingStore(JobStore):
         self._lock = threading.Lock()
         self.wins: Counter[str] = Counter()
 
-    def record_terminal(self, job_id: str, outcome: Any, *, now: float) -> TerminalWrite:
-        write = super().record_terminal(job_id, outcome, now=now)
+    def record_terminal(self, job_id: str, outcome: Any, *, now: float, claim: Any = None) -> TerminalWrite:
+        write = super().record_terminal(job_id, outcome, now=now, claim=claim)
         if write.won:
             with self._lock:
                 self.wins[job_id] += 1
@@ -253,6 +253,24 @@ class CountingStore(JobStore):
     def done(self) -> int:
         with self._lock:
             return len(self.wins)
+
+
+def take_claim(record: dict[str, Any] | None, claim: Any, now: float) -> TerminalWrite:
+    """A virtual store's publish claim on ``record`` (in place), as JobStore.claim_outbox's condition takes it."""
+    if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
+        return TerminalWrite(False, dict(record) if record else None)
+    took_over = "event_claim" in record
+    record.update(event_claim=claim.token, chain_due_at=claim.until)
+    return TerminalWrite(True, dict(record), took_over)
+
+
+def free_claim(record: dict[str, Any] | None, token: str) -> bool:
+    """A virtual store's release of the publish claim ``token`` holds on ``record`` (JobStore.release_claim)."""
+    if record is None or record.get("event_claim") != token or not record.get("event_pending"):
+        return False
+    del record["event_claim"]
+    record["chain_due_at"] = 0
+    return True
 
 
 class CountingBus(EventBus):

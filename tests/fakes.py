@@ -20,8 +20,9 @@ from sume_poller.core.clock import Clock
 from sume_poller.core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
 from sume_poller.limits.budget import Grant, RateInfo
 from sume_poller.limits.lease import Claim, HandOver, Step, resting_value
+from sume_poller.store.events import PublishRefused, PublishUnknown
 from sume_poller.store.queue import Outgoing
-from sume_poller.store.records import Ending, TerminalWrite
+from sume_poller.store.records import Ending, PublishClaim, TerminalWrite
 from sume_poller.sume.client import Listing, Refused, Result, Retryable
 
 
@@ -275,7 +276,8 @@ class FakeStore:
     def _pending(self, job_id: str) -> bool:
         return str(self.records.get(job_id, {}).get("pending_shard", "")).startswith(PENDING_PREFIX)
 
-    def record_terminal(self, job_id: str, outcome: Ending, *, now: float) -> TerminalWrite:
+    def record_terminal(self, job_id: str, outcome: Ending, *, now: float,
+                        claim: PublishClaim | None = None) -> TerminalWrite:
         if not self._pending(job_id):
             return TerminalWrite(False, self.get(job_id))
         record = self.records[job_id]
@@ -283,8 +285,27 @@ class FakeStore:
                       error=outcome.error, status_reads=outcome.status_reads, result_reads=outcome.result_reads,
                       reads=outcome.status_reads + outcome.result_reads, seen_running_at=outcome.seen_running_at,
                       seen_terminal_at=outcome.seen_terminal_at, found_by=outcome.found_by,
-                      pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX), **outcome.result)
+                      evidence=str(outcome.evidence), pending_shard=shard_of(job_id, self.shards, OUTBOX_PREFIX),
+                      **outcome.result)
+        if claim is not None:
+            record.update(event_claim=claim.token, chain_due_at=claim.until)
         return TerminalWrite(True, dict(record))
+
+    def claim_outbox(self, job_id: str, claim: PublishClaim, *, now: float) -> TerminalWrite:
+        record = self.records.get(job_id)
+        if record is None or not record.get("event_pending") or float(record.get("chain_due_at") or 0) > now:
+            return TerminalWrite(False, self.get(job_id))
+        took_over = "event_claim" in record
+        record.update(event_claim=claim.token, chain_due_at=claim.until)
+        return TerminalWrite(True, dict(record), took_over)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        record = self.records.get(job_id, {})
+        if record.get("event_claim") != token or not record.get("event_pending"):
+            return False
+        del record["event_claim"]
+        record["chain_due_at"] = 0
+        return True
 
     def result_fields(self, job_id: str, result: Any) -> dict[str, Any]:
         text = json.dumps(result, separators=(",", ":"))
@@ -295,6 +316,7 @@ class FakeStore:
         if not record.pop("event_pending", None):
             return False
         record.pop("pending_shard", None)
+        record.pop("event_claim", None)
         return True
 
     def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
@@ -351,15 +373,29 @@ class FakeStore:
 
 
 class FakeBus:
+    """EventBus's contract: ``fail_next`` refusals (the event is not on the bus), ``lose_next`` calls
+    taken but never answered (it is: :class:`PublishUnknown`); ``during`` runs inside the call, before
+    EventBridge takes it (a test's interleaving)."""
+
     def __init__(self) -> None:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.fail_next = 0
+        self.lose_next = 0
+        self.calls = 0
+        self.during: Callable[[str], None] | None = None
 
     def put_terminal(self, job_id: str, record: dict[str, Any]) -> None:
+        self.calls += 1
+        if self.during is not None:
+            during, self.during = self.during, None
+            during(job_id)
         if self.fail_next:
             self.fail_next -= 1
-            raise RuntimeError("PutEvents failed")
+            raise PublishRefused("PutEvents failed")
         self.events.append((job_id, record))
+        if self.lose_next:
+            self.lose_next -= 1
+            raise PublishUnknown("PutEvents taken, the answer lost")
 
 
 class FakeQueue:

@@ -22,6 +22,7 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     metrics.add_metric(name="RedisUnavailable", unit=MetricUnit.Count, value=int(report.redis_unavailable))
     metrics.add_metric(name="RedisMisconfigured", unit=MetricUnit.Count, value=int(report.redis_misconfigured))
     metrics.add_metric(name="FanOutOutboxBackingOff", unit=MetricUnit.Count, value=report.outbox_backing_off)
+    metrics.add_metric(name="FanOutOutboxClaimed", unit=MetricUnit.Count, value=report.outbox_claimed)
     if report.pending_counted is not None:
         metrics.add_metric(name="PendingJobs", unit=MetricUnit.Count, value=report.pending_counted)
     count_by_key({key: {"PendingJobs": pending, "FanOutStarted": report.started_by_key.get(key, 0)}

@@ -64,8 +64,10 @@ def stack_fixtures(scale: float, parameters: Mapping[str, Any], env: Mapping[str
 
 
 def fault_suite_fixtures() -> tuple[Any, Any]:
-    """The fault suite's (module_stack, stack): a 404 is read-after-create lag for 5 clock minutes."""
-    return stack_fixtures(FAULT_SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300}, FAST_LEASES)
+    """The fault suite's (module_stack, stack): a 404 is read-after-create lag for 5 clock minutes, and
+    refusals the contract does not name are recorded after 5 clock minutes of them (the shortest window)."""
+    return stack_fixtures(FAULT_SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300, "RefusalWindowSeconds": 300},
+                          FAST_LEASES)
 
 
 def submit(stack: InProcessStack, n: int, sim: dict[str, Any] | Callable[[int], dict[str, Any]],

@@ -72,6 +72,7 @@ INVOKED = {
     "poll_message_v1.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
     "poll_malformed.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
     "poll_result_phase.json": "test_poll_events_read_once_requeue_finish_and_report_poison",
+    "poll_message_v3.json": "test_a_v3_step_whose_result_was_refused_reads_it_again_and_records_it",
     "sqs_create_drain.json": "test_a_drain_step_creates_the_queue_head_and_sends_the_next_step",
     "fanout_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
     "sweep_tick.json": "test_fanout_tick_restarts_due_chains_and_sweep_tick_hands_finished_jobs_over",
@@ -255,6 +256,24 @@ def test_poll_events_read_once_requeue_finish_and_report_poison(stack: InProcess
     assert [e["job_id"] for e in stack.sink.drain(wait_seconds=5)] == [result["job_id"]]
     assert stack.queue_depth() == 3  # the three re-queued steps
     assert all(stack.record(b["job_id"])["status"] == "pending" for b in (v2, v1, poison_ok))  # type: ignore[index]
+
+
+def test_a_v3_step_whose_result_was_refused_reads_it_again_and_records_it(stack: InProcessStack, invoke: Any,
+                                                                        rdb: redis.Redis) -> None:
+    """A v3 message (``refused_since``: its result route had refused the result): the step reads the
+    result again; Sume serves it now: recorded completed with it, on the result read's word."""
+    body = event_body("poll_message_v3.json")
+    assert body["v"] == 3 and body["refused_since"]
+    stack.sim.seed_job(body["kind"], {"duration": 0}, job_id=body["job_id"])  # completed, result ready
+    put_pending(stack, body["job_id"], body["kind"])
+    rdb.set(LEASE_PREFIX + body["job_id"], f"{body['token']}:{body['seq']}*", px=600_000)  # a finishing step
+    result = invoke("PollFunction", "poll_message_v3.json")
+    assert ok(result) == {"batchItemFailures": []} and result.metrics().get("Outcome_terminal") == 1
+    record = stack.record(body["job_id"])
+    assert record is not None and (record["status"], record["evidence"]) == ("completed", "result_read"), record
+    assert record["result_json"] and record["result_reads"] == body["result_reads"] + 1
+    assert stack.sim.stats()["jobs"][body["job_id"]]["result_reads"] == 1
+    assert [e["job_id"] for e in stack.sink.drain(wait_seconds=5)] == [body["job_id"]]
 
 
 def test_a_drain_step_creates_the_queue_head_and_sends_the_next_step(stack: InProcessStack, invoke: Any,

@@ -18,7 +18,7 @@ from sume_poller.limits.budget import Budget, granted_per_window
 from sume_poller.limits.lease import LeaseStore
 from sume_poller.poll.fanout import FanOut
 from sume_poller.store.queue import PollQueue
-from sume_poller.store.records import Ending, JobStore
+from sume_poller.store.records import Ending, JobStore, PublishClaim
 from tools.services import RedisServer
 from tools.template import Provisioned
 
@@ -147,3 +147,16 @@ def test_chains_whose_first_message_sqs_refuses_are_not_started_and_keep_no_leas
     assert not any(lease.held(ids))
     report = tick(parts).report  # the queue that exists: every chain starts now
     assert (report.started, report.send_failed) == (12, 0) and all(lease.held(ids))
+
+
+def test_an_outbox_whose_publish_claim_is_held_is_left_to_its_holder(parts: dict[str, object]) -> None:
+    """A terminal write that just won holds the publish claim (its record's chain_due_at, projected into
+    the pending index): fan-out sends nothing for it until the claim expires, then the outbox message."""
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    now = Clock().now()
+    for job_id, until in (("job_held", now + 60), ("job_expired", now - 1)):
+        store.put_pending(job_id, "image", now=now, deadline_at=int(now) + 3_600)
+        store.record_terminal(job_id, Ending("failed"), now=now, claim=PublishClaim("a" * 32, until))
+    report = tick(parts).report
+    assert (report.outbox_claimed, report.outbox_sent) == (1, 1)
+    assert set(queued(parts)) == {"job_expired"}

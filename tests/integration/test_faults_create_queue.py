@@ -125,3 +125,33 @@ def test_fan_out_restarts_a_drain_that_died(stack: InProcessStack) -> None:
     order = [submission(stack, k)["job_ids"][0] for k in keys]
     assert [j for j in stack.sim.stats()["jobs"] if j in order] == order
     assert stack.sim.stats()["creates"] == 3
+
+
+# A second stack: creates that Sume takes and answers later than the queue deadline (a 5 s real read
+# timeout, as long as the 100 clock s deadline on this 20x clock; the claim TTL above it), and a create
+# budget of 3 a minute (one grant a minute: a second submission right after the first queues).
+SLOW_ENV = {**FAST_LEASES, "SUME_READ_TIMEOUT": "5", "CLAIM_TTL_SECONDS": "8"}
+module_slow_stack, slow_stack = stack_fixtures(
+    SCALE, {**PARAMETERS, "CreatesPerMinute": 3, "CreatesPerDay": 0, "SubmitQueueDeadlineSeconds": 100}, SLOW_ENV,
+    name="slow_stack", sim_options={"create_budget": {"per_minute": 10}})
+
+
+def test_a_queued_submission_whose_create_outcome_is_unknown_at_its_deadline_is_replayed_and_ends_known(
+        slow_stack: InProcessStack) -> None:
+    """The queue's head is created at Sume, but the answer comes after the client gave up - past the
+    submission's deadline. Before: recorded rejected at the deadline (``unknown_attempts``), a job Sume
+    billed that nobody watched. Now its create is replayed once with the same Idempotency-Key (a create
+    slot ahead of the queue) before it is rejected: Sume returns the job, which is watched to its end."""
+    stack = slow_stack
+    first, slow = event(0), event(1)
+    slow["params"]["sim"] = {"duration": 2, "create_faults": ["slow:7000"]}  # created at once, answered in 7 s
+    assert [stack.submit(first)["status"], stack.submit(slow)["status"]] == ["submitted", "queued"]
+    stack.drive(lambda: settled(stack, [slow["idempotency_key"]]), timeout=60, fanout_every=1.0)
+    record = submission(stack, slow["idempotency_key"])
+    assert record["status"] == CREATED and record["replayed"] is True and len(record["job_ids"]) == 1
+    assert record["settled_at"] >= record["deadline_at"]  # the first attempt's answer never came in time
+    stats = stack.sim.stats()
+    assert (stats["creates"], stats["replays"]) == (2, 1)  # billed once: the replay returned the same job
+    job_id = record["job_ids"][0]
+    stack.drive(lambda: stack.settled([job_id]), timeout=60, fanout_every=1.0)
+    assert stack.record(job_id)["status"] == "completed"  # type: ignore[index]

@@ -95,7 +95,7 @@ def test_a_key_rotated_mid_run_keeps_its_jobs_finishing_after_one_forced_reread(
     old = stack.keys["acme"]
     rotated_at = time.monotonic()
     rotate_key(stack, "acme")
-    assert stack.key_config()["keys"]["acme"]["api_key"] != old
+    assert stack.key_secrets()["sume-poller/keys/api-keys/acme"] != old
     run(stack, acme, timeout=MAX_AGE - 10)  # well before the configuration's cache would have expired
     took = time.monotonic() - rotated_at
     refused = stack.sim.stats()["unauthorized"]

@@ -54,6 +54,86 @@ def test_a_job_of_another_workspace_fails_alone(stack: InProcessStack) -> None:
     assert stack.metric_totals()["KeyPaused"] == 0 and stack.metric_totals()["SumeAuthFailed"] == 0
 
 
+def test_a_key_check_without_an_answer_records_nothing_and_keeps_nothing(stack: InProcessStack) -> None:
+    """The key check's list read answers 503, 429, then nothing in time (the simulator's list faults):
+    no evidence either way, so no foreign-workspace job is recorded before the list answered (before:
+    such a read meant "the key is fine", the job was failed and the verdict kept for a minute)."""
+    stack.sim.configure(list={"faults": ["503", "429:1", "slow:1500", "503"]})
+    early: list[str] = []
+
+    def no_outcome_before_an_answer(name: str, job_id: str) -> None:
+        if name == "written" and job_id in foreign and stack.sim.stats()["list_faults_remaining"]:
+            early.append(job_id)
+
+    foreign: list[str] = []
+    stack.step_hook = no_outcome_before_an_answer
+    foreign += submit(stack, 4, {"duration": 200, "forbidden": True})
+    healthy = submit(stack, 4, {"duration": 200, "steps": 2})
+    run(stack, healthy + foreign, timeout=90)
+    assert early == [], f"recorded before the key check had an answer: {early}"
+    assert stack.sim.stats()["list_faults_remaining"] == []
+    check(stack, foreign, scenario="foreign-workspace jobs while the key check gets no answer", expected="failed",
+          allowance=4)
+    check(stack, healthy, scenario="healthy jobs beside them", expected="completed")
+    assert all(stack.record(j)["evidence"] == "status_read" for j in foreign)  # type: ignore[index]
+    assert stack.metric_totals()["SumeAuthFailed"] == 0
+
+
+def test_a_job_route_refusal_the_contract_does_not_name_is_retried_and_recorded_only_over_the_window(
+        stack: InProcessStack) -> None:
+    """400, 410, 413, 422, 431 from GET /jobs/{id} - Sume's own, or a proxy's page in front of it: only
+    401/403/404 end a job read. Refused a few times, the jobs complete; refused on every read, they are
+    recorded failed once the refusals repeated over RefusalWindowSeconds (300 clock s here). Before: one
+    such answer failed a running job at first sight."""
+    passing = ["400", "proxy:413", "422", "proxy:431", "410"]
+    blips = submit(stack, 4, {"duration": 150, "steps": 2, "faults": passing})
+    # Still running at Sume (a sweep's list or a result read would rightly finish a job Sume completed):
+    refused_for_good = submit(stack, 2, {"duration": 100_000, "faults": ["proxy:400"] * 40})
+    run(stack, blips + refused_for_good, timeout=90)
+    check(stack, blips, scenario="job route refusals the contract does not name (a proxy's too), 5 per job",
+          expected="completed", allowance=len(passing))
+    assert all(stack.record(j)["result_json"] for j in blips)  # type: ignore[index]
+    for job_id in refused_for_good:
+        record = stack.record(job_id)
+        assert record is not None and (record["status"], record["evidence"]) == ("failed", "status_read")
+        assert record["terminal_at"] - record["submitted_at"] >= 300  # the refusal window, not the first answer
+    assert stack.metric_totals()["SumeReadRefused"] >= len(passing) * len(blips)
+
+
+def test_a_result_refused_after_the_status_said_completed_is_never_a_failure_nor_recorded_without_saying_so(
+        stack: InProcessStack) -> None:
+    """The result route refuses (410, 400, 422; a 403 while the key is fine) after the job's own status
+    route said completed: retried; the result that comes is recorded; refused over the whole window, the
+    job is recorded completed with ``result_refused``. Before: completed without the result at the first
+    410/400/422, and ``failed`` at a 403 (the key check cleared the key, so it blamed the job)."""
+    refused_then_served = submit(stack, 3, {"duration": 100, "result_faults": ["410", "400", "422"]})
+    forbidden_then_served = submit(stack, 2, {"duration": 100, "result_faults": ["403"]})
+    never = submit(stack, 1, {"duration": 100, "result_faults": ["410"] * 40})
+    run(stack, refused_then_served + forbidden_then_served + never, timeout=90)
+    served = refused_then_served + forbidden_then_served
+    check(stack, served, scenario="result route refusals after a completed status", expected="completed")
+    assert all(stack.record(j)["result_json"] and stack.record(j)["evidence"] == "result_read"  # type: ignore[index]
+               for j in served)
+    # Eight re-queues over the window on 1 s leases: under load one may expire and fan-out restart the
+    # chain from its record (a status read of a job Sume finished): allowed, as for any fault.
+    check(stack, never, scenario="a result refused over the whole refusal window", expected="completed", allowance=2)
+    record = stack.record(never[0])
+    assert record is not None and (record["error"]["code"], record["evidence"]) == ("result_refused", "status_read")
+    assert "HTTP 410" in record["error"]["message"] and "result_json" not in record
+
+
+def test_an_unknown_status_with_terminal_true_is_not_an_outcome(stack: InProcessStack) -> None:
+    """Sume's contract: an unknown status is not terminal (keep reading, report it loudly): ``terminal:
+    true`` beside one is not an outcome either. Before: recorded failed (its result not ready) at once."""
+    ids = submit(stack, 3, {"duration": 150, "steps": 2, "terminal_flag": True,
+                            "status_override": {"status": "finalizing", "reads": 2}})
+    run(stack, ids)
+    check(stack, ids, scenario="an unknown status with terminal: true, twice per job", expected="completed",
+          allowance=2)
+    assert all(stack.record(j)["result_json"] for j in ids)  # type: ignore[index]
+    assert stack.metric_totals()["UnknownStatus"] >= 3
+
+
 def test_a_rejected_key_pauses_every_read_then_rotation_resumes(stack: InProcessStack) -> None:
     ids = submit(stack, 10, {"duration": 600, "steps": 4})
     stack.drive(lambda: status_reads(stack, ids) >= 10, 30)

@@ -30,9 +30,9 @@ pytestmark = pytest.mark.integration
 #: No read or create budget: reads and creates happen at once (the budget has its own tests).
 PARAMETERS = {"ReadsPerMinute": 0, "ReadsPerDay": 0, "CreatesPerMinute": 0, "CreatesPerDay": 0,
               "ResultUrlExpirySeconds": 120, "Sweeps": "false"}
-PUBLIC = {"job_id", "key", "kind", "status", "sume_status", "error", "submitted_at", "updated_at", "terminal_at",
-          "deadline_at", "found_by", "reads", "result_location", "result", "result_url", "result_url_expires_at",
-          "result_bytes", "result_content_type"}
+PUBLIC = {"job_id", "key", "idempotency_key", "kind", "status", "sume_status", "error", "submitted_at", "updated_at",
+          "terminal_at", "deadline_at", "found_by", "reads", "result_location", "result", "result_url",
+          "result_url_expires_at", "result_bytes", "result_content_type"}
 
 
 @pytest.fixture(scope="module")

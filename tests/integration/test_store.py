@@ -114,3 +114,26 @@ def test_pending_pages_list_only_pending_jobs_and_unfinished_outboxes(store: Job
     assert sorted(i["job_id"] for i in items) == ["job_1", "job_2", "job_3", "job_4"]
     assert [i["job_id"] for i in outbox] == ["job_0"] and all(type(i["deadline_at"]) is int for i in items)
     assert from_item({"n": {"N": "1.5"}, "m": {"M": {"k": {"N": "2"}}}}) == {"n": 1.5, "m": {"k": 2}}
+
+
+def test_a_finished_record_expires_only_once_its_event_is_out_and_only_with_a_retention(
+        template_resources: Provisioned) -> None:
+    """RetentionDays: the TTL is set where the outbox is cleared (a record still owing its event
+    never expires), in real epoch seconds (tests/unit/test_template_account.py ties EXPIRES_AT to the
+    template's TimeToLiveSpecification: moto's CloudFormation does not apply it)."""
+    from sume_poller.store.records import DAY_SECONDS, EXPIRES_AT
+
+    wall = 1_790_000_000.0  # the functions' clock may run elsewhere (TimeScale): DynamoDB compares real time
+    kept = JobStore("jobs", 4, retention_days=30, wall=lambda: wall)
+    for job in ("job_e1", "job_e2"):
+        kept.put_pending(job, "image", now=NOW, deadline_at=int(NOW) + 60)
+        assert kept.record_terminal(job, Ending("completed"), now=NOW + 1).won
+    assert EXPIRES_AT not in kept.get("job_e1")  # type: ignore[operator]  # still owes its event
+    assert kept.clear_outbox("job_e1", now=NOW + 2)
+    assert kept.get("job_e1")[EXPIRES_AT] == int(wall) + 30 * DAY_SECONDS  # type: ignore[index]
+    assert EXPIRES_AT not in kept.get("job_e2")  # type: ignore[operator]
+    forever = JobStore("jobs", 4)  # RetentionDays 0
+    assert forever.clear_outbox("job_e2", now=NOW + 2) and EXPIRES_AT not in forever.get("job_e2")  # type: ignore[operator]
+    kept.put_pending("job_e3", "image", now=NOW, deadline_at=int(NOW) + 60)
+    assert not kept.clear_outbox("job_e3", now=NOW + 2)  # a pending job has no outbox: it never expires
+    assert EXPIRES_AT not in kept.get("job_e3")  # type: ignore[operator]

@@ -463,6 +463,21 @@ def test_faults_are_consumed_in_order(client: Client) -> None:
     assert info["status_reads"] == len(faults) + 1 and info["faults_remaining"] == []
 
 
+def test_a_proxy_fault_answers_its_own_page_with_its_status_and_none_of_sumes_headers(client: Client) -> None:
+    """A gateway or proxy in front of Sume (a body too large, a header too long, a WAF's 400): its status
+    and an HTML page, no Sume error envelope nor rate-limit headers; on the job and the result route."""
+    client.configure(read_budget={"per_minute": 1000})
+    job_id = client.create(sim={"duration": 0, "faults": ["proxy:413", "proxy:400"], "result_faults": ["proxy:431"]})
+    for status, path in ((413, f"/jobs/{job_id}"), (400, f"/jobs/{job_id}"), (431, f"/jobs/{job_id}/result")):
+        resp = client.api("GET", path)
+        assert resp.status == status and resp.headers["Content-Type"].startswith("text/html")
+        assert f"<h1>{status}</h1>".encode() in resp.data and not any(h in resp.headers for h in RATE_HEADERS)
+    assert client.api("GET", f"/jobs/{job_id}").status == 200  # faults exhausted
+    assert client.api("GET", f"/jobs/{job_id}/result").status == 200
+    refused = client.api("POST", "/images/generations", {"prompt": "a cat", "sim": {"faults": ["proxy:4000"]}})
+    assert refused.status == 400 and "unknown fault" in refused.json()["error"]["message"]
+
+
 def test_result_faults_apply_to_result_reads(client: Client) -> None:
     job_id = client.create(sim={"duration": 0, "result_faults": ["503:4", "empty"]})
     resp = client.api("GET", f"/jobs/{job_id}/result")

@@ -258,12 +258,39 @@ def test_a_head_past_its_deadline_is_rejected_and_never_created(parts: Parts) ->
     record = parts.store.submission("default", "order-0100")
     assert record is not None and record["status"] == REJECTED and record["error"]["code"] == EXPIRED
     assert nxt is not None and len(parts.queued()) == 1 and "unknown_attempts" not in record
-    # A head whose create attempts had an unknown outcome (timeouts) expires too, and its record says so;
-    # the slot its step had reserved and not spent is carried to the next head.
+    # A head whose create attempts had an unknown outcome (timeouts) expires too when no create slot is
+    # free at its deadline for the replay, and its record says so; the slot its step had reserved and
+    # not spent is carried to the next head.
+    parts.creates.grants = [Grant(False, 30.0)]
     report, last = step(parts, replace(nxt, errors=2, slot=parts.clock.now() + 30))
     record = parts.store.submission("default", "order-0101")
     assert report.expired == 1 and record is not None and record["unknown_attempts"] == 2
     assert last is not None and last.slot == pytest.approx(parts.clock.now() + 30) and last.errors == 0
+    assert parts.creates.modes[-1] == "ahead" and parts.creates_sent() == 0  # asked for the replay's slot, none
+
+
+@pytest.mark.parametrize(("answer", "status"), [
+    (Created(("job_9",), "req_9", replayed=True), CREATED),  # an attempt had landed: Sume returns its job
+    (Created(("job_9",), "req_9"), CREATED),  # none had: created now, as the caller asked
+    (Refused("credits", 402, "insufficient_credits"), REJECTED),  # refused: Sume's answer recorded
+    (retry(503), REJECTED),  # no answer again: rejected, the outcome still unknown
+])
+def test_a_head_at_its_deadline_after_attempts_of_unknown_outcome_is_replayed_once_before_it_is_rejected(
+        parts: Parts, answer: object, status: str) -> None:
+    message = queue_two(parts)
+    parts.clock.advance(601)
+    parts.sume.creates = [answer]
+    report, nxt = step(parts, replace(message, errors=2))
+    assert [k for kind, k in parts.sume.calls if kind == "create"] == ["order-0100"]  # its own Idempotency-Key
+    assert parts.creates.modes[-1] == "ahead" and parts.creates.patience[-1] == 0.0  # a slot ahead of the queue, now
+    record = parts.store.submission("default", "order-0100")
+    assert record is not None and record["status"] == status and len(parts.queued()) == 1 and nxt is not None
+    if status == CREATED:
+        assert record["job_ids"] == ["job_9"] and parts.store.records["job_9"]["status"] == "pending"  # watched
+    elif isinstance(answer, Refused):
+        assert record["error"]["code"] == "insufficient_credits" and "unknown_attempts" not in record
+    else:
+        assert record["error"]["code"] == EXPIRED and record["unknown_attempts"] == 3 and report.expired == 1
 
 
 def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts: Parts) -> None:

@@ -55,7 +55,8 @@ def test_a_sweep_hands_listed_pending_jobs_over_to_a_read_that_confirms_them(par
     assert report.complete and report.handed_over == 2 and report.reads == 4
     first = parse_message(parts.queue.sent[0].body)
     assert (first.token, first.seq, first.phase, first.found_by) == (token, 4, RESULT_PHASE, "sweep")
-    assert first.outcome == {"status": "completed", "sume_status": "completed", "source": "list"}
+    assert first.outcome is not None and first.outcome.to_json() == {
+        "status": "completed", "sume_status": "completed", "source": "list"}
     assert parts.lease.values["job_done"] == f"{token}:4*"  # the chain's waiting step 3 is fenced out
     failed = parse_message(parts.queue.sent[1].body)
     assert (failed.phase, failed.outcome, failed.found_by) == (STATUS_PHASE, None, "sweep")
@@ -272,9 +273,11 @@ def test_a_signed_delivery_is_sume_s_word_a_ready_job_goes_to_its_result_read_a_
     assert hooks.deliver("job_o", "evt_3", event="progress")[0] == 202
     ready, failed, other = (parse_message(m.body) for m in hooks.queue.sent)
     assert (ready.seq, ready.phase, ready.found_by) == (3, "result", "webhook")
-    assert ready.outcome == {"status": "completed", "sume_status": "completed", "source": "webhook"}
-    assert failed.outcome == {"status": "canceled", "sume_status": "canceled", "source": "webhook",
-                              "error": {"code": "user_canceled", "message": "x"}}
+    assert ready.outcome is not None and ready.outcome.to_json() == {
+        "status": "completed", "sume_status": "completed", "source": "webhook"}
+    assert failed.outcome is not None and failed.outcome.to_json() == {
+        "status": "canceled", "sume_status": "canceled", "source": "webhook",
+        "error": {"code": "user_canceled", "message": "x"}}
     assert (other.phase, other.outcome) == ("status", None)
     assert hooks.deliver("job_r") == (200, {"duplicate": True}) and len(hooks.queue.sent) == 3
 

@@ -4,14 +4,15 @@
   Lambda function URL = API Gateway payload v2) and reads cleanly through Powertools' event data
   classes, and it is aimed at a template function that really has that trigger;
 * each payload passes the project's own decoders: poll bodies through ``messages.parse_message``
-  (the v2 sample is byte for byte what the encoder writes; the v1 sample is still read; the
-  poison record is refused), the create queue's drain step through ``DrainMessage.parse`` (byte for
+  (the v2 and v3 samples are byte for byte what the encoder writes - v2 for a message without a
+  v3 field, as the release before v3 wrote and reads it; the v1 sample is still read; the poison
+  record is refused), the create queue's drain step through ``DrainMessage.parse`` (byte for
   byte what the encoder writes), submit events through ``Submitter.handle``, the webhook delivery
   through ``WebhookReceiver`` with a re-signed copy, the jobs samples through ``JobsApi`` (the POST
   /jobs sample's body through ``Submitter.handle`` too);
 * a new events/*.json file fails :func:`test_every_event_file_has_a_contract` until it is added
   to ``CONTRACT`` (and to the integration tier's tests/integration/test_events_invoke.py);
-* the v2 poll message schema (field names, types, what is always written) is pinned.
+* the v3 poll message schema (field names, types, what is always written) is pinned.
 
 Webhook signatures: ``webhook_delivery.json`` is signed with ``SAMPLE_SECRET`` at its own
 ``x-sume-timestamp``. A static file is stale as soon as that timestamp is further than
@@ -39,7 +40,16 @@ from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, Lambd
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume
 
 from sume_poller.config.settings import SubmitSettings
-from sume_poller.core.messages import RESULT_PHASE, STATUS_PHASE, VERSION, MessageError, PollMessage, parse_message
+from sume_poller.core.messages import (
+    RESULT_PHASE,
+    STATUS_PHASE,
+    V3_ONLY,
+    VERSION,
+    Finding,
+    MessageError,
+    PollMessage,
+    parse_message,
+)
 from sume_poller.creates.createqueue import DrainMessage
 from sume_poller.creates.submit import Submitter, one_key
 from sume_poller.discovery.webhook import WebhookReceiver, raw_body, signature
@@ -58,6 +68,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "poll_message_v1.json": ("PollFunction", "sqs"),
     "poll_malformed.json": ("PollFunction", "sqs"),
     "poll_result_phase.json": ("PollFunction", "sqs"),
+    "poll_message_v3.json": ("PollFunction", "sqs"),
     "sqs_create_drain.json": ("SubmitFunction", "sqs"),
     "submit_image.json": ("SubmitFunction", "invoke"),
     "submit_video.json": ("SubmitFunction", "invoke"),
@@ -175,8 +186,8 @@ def test_poll_bodies_decode_with_the_message_parser(name: str) -> None:
                 parse_message(record.body)
             continue
         message = parse_message(record.body)
-        if json.loads(record.body)["v"] == VERSION:
-            assert record.body == message.to_json(), "a v2 sample is exactly what the encoder writes"
+        if json.loads(record.body)["v"] in (2, VERSION):
+            assert record.body == message.to_json(), "a v2 or v3 sample is exactly what the encoder writes"
 
 
 def test_every_poison_record_is_in_its_file() -> None:
@@ -186,21 +197,41 @@ def test_every_poison_record_is_in_its_file() -> None:
 
 
 def test_poll_message_is_v2_and_the_v1_sample_is_still_read() -> None:
+    """The poll message a chain sends is still v2 on the wire (what the release before v3 reads), v3
+    only for a step that carries a v3 field; v1 and v2 bodies in flight during a deploy still parse."""
     (v2,) = SQSEvent(load("poll_message.json")).records
     (v1,) = SQSEvent(load("poll_message_v1.json")).records
-    assert json.loads(v2.body)["v"] == VERSION == 2
+    assert json.loads(v2.body)["v"] == 2 and VERSION == 3
     assert json.loads(v1.body)["v"] == 1
     current, old = parse_message(v2.body), parse_message(v1.body)
     assert current.token is not None and current.phase == STATUS_PHASE
     assert old.token is None and old.seq == 0  # a v1 step without a token: its claim starts a chain
-    assert parse_message(old.next(token="0" * 32).to_json()).v == VERSION  # it is re-written as v2
+    assert parse_message(old.next(token="0" * 32).to_json()).v == VERSION  # it is re-written (as v2)
+    assert json.loads(old.next(token="0" * 32).to_json())["v"] == 2
+
+
+def test_the_v3_sample_carries_the_refusal_window_and_its_v2_form_is_poison() -> None:
+    """v3 adds ``refused_since``; only a message carrying it is written as v3. The same body labelled v2
+    is refused (a v2 reader - the release before - refuses v3 fields as unknown, so the encoder never
+    labels one so); the v3 sample without the field is exactly what the encoder writes as v2."""
+    (record,) = SQSEvent(load("poll_message_v3.json")).records
+    data = json.loads(record.body)
+    message = parse_message(record.body)
+    assert data["v"] == VERSION == 3 and message.refused_since == data["refused_since"]
+    assert message.outcome is not None and message.outcome.confirmed and message.phase == RESULT_PHASE
+    with pytest.raises(MessageError, match="unknown fields"):
+        parse_message(json.dumps({**data, "v": 2}))
+    without = {k: v for k, v in data.items() if k != "refused_since"}
+    assert message.next(refused_since=None).to_json() == json.dumps({**without, "v": 2}, separators=(",", ":"),
+                                                                     sort_keys=True)
 
 
 def test_the_result_phase_sample_is_a_handed_over_finishing_step() -> None:
     (record,) = SQSEvent(load("poll_result_phase.json")).records
     message = parse_message(record.body)
     assert message.phase == RESULT_PHASE and message.found_by == "sweep" and message.seq > 0
-    assert message.outcome == {"status": "completed", "sume_status": "completed", "source": "list"}
+    assert message.outcome is not None and message.outcome.to_json() == {
+        "status": "completed", "sume_status": "completed", "source": "list"}
 
 
 # ---------------------------------------------------------------------------------------------- schedules
@@ -418,10 +449,11 @@ def test_the_create_samples_carry_parameters_that_refine_the_schedule_profile() 
 
 # ---------------------------------------------------------------------------------------------- v2 schema
 
-#: The v2 poll message, field by field (annotations as written in messages.py). Changing a field,
+#: The v3 poll message, field by field (annotations as written in messages.py). Changing a field,
 #: its type or its default changes what is in the queue during a deploy: bump VERSION and keep
-#: reading the previous one (as v1 is read now), then update this pin.
-V2_FIELDS: dict[str, tuple[str, Any]] = {
+#: reading the previous one (as v2 and v1 are read now), then update this pin. (v3: ``refused_since``;
+#: ``outcome`` typed, the same JSON object as v2's.)
+V3_FIELDS: dict[str, tuple[str, Any]] = {
     "job_id": ("str", dataclasses.MISSING),
     "kind": ("str", dataclasses.MISSING),
     "deadline_at": ("int", dataclasses.MISSING),
@@ -435,7 +467,7 @@ V2_FIELDS: dict[str, tuple[str, Any]] = {
     "errors": ("int", 0),
     "seen_running_at": ("float | None", None),
     "phase": ("str", "status"),
-    "outcome": ("dict[str, Any] | None", None),
+    "outcome": ("Finding | None", None),
     "seen_terminal_at": ("float | None", None),
     "result_waits": ("int", 0),
     "slot_at": ("float | None", None),
@@ -443,7 +475,8 @@ V2_FIELDS: dict[str, tuple[str, Any]] = {
     "normal_due": ("float | None", None),
     "paced_at": ("float | None", None),
     "key": ("str | None", None),
-    "v": ("int", 2),
+    "refused_since": ("float | None", None),
+    "v": ("int", 3),
 }
 #: JSON types of each field in a body (bool is never an int here).
 JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -451,18 +484,18 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "submitted_at": (int,), "profile": (str,), "reads": (int,), "result_reads": (int,), "errors": (int,),
     "seen_running_at": (int, float), "phase": (str,), "outcome": (dict,), "seen_terminal_at": (int, float),
     "result_waits": (int,), "slot_at": (int, float), "found_by": (str,), "normal_due": (int, float),
-    "paced_at": (int, float), "key": (str,), "v": (int,),
+    "paced_at": (int, float), "key": (str,), "refused_since": (int, float), "v": (int,),
 }
 #: What every v2 body carries (None-valued fields are left out).
 ALWAYS_WRITTEN = {"v", "job_id", "kind", "deadline_at", "due_at", "token", "seq", "reads", "result_reads", "errors",
                   "phase", "result_waits"}
 
 
-def test_the_v2_schema_is_pinned() -> None:
-    assert VERSION == 2
+def test_the_v3_schema_is_pinned() -> None:
+    assert VERSION == 3
     pinned = {f.name: (f.type, f.default) for f in dataclasses.fields(PollMessage)}
-    assert pinned == V2_FIELDS
-    assert set(JSON_TYPES) == set(V2_FIELDS)
+    assert pinned == V3_FIELDS
+    assert set(JSON_TYPES) == set(V3_FIELDS)
     minimal = PollMessage(job_id="job_1", kind="image", deadline_at=1_900_000_000, due_at=1.5, token="d" * 32)
     body = minimal.to_json()
     assert set(json.loads(body)) == ALWAYS_WRITTEN
@@ -470,16 +503,16 @@ def test_the_v2_schema_is_pinned() -> None:
 
 
 @pytest.mark.parametrize("name", files("sqs"))
-def test_v2_sample_bodies_have_the_pinned_json_types(name: str) -> None:
+def test_v2_and_v3_sample_bodies_have_the_pinned_json_types(name: str) -> None:
     for record in SQSEvent(load(name)).records:
-        if record.message_id in POISON.get(name, set()) or json.loads(record.body)["v"] != VERSION:
+        if record.message_id in POISON.get(name, set()) or json.loads(record.body)["v"] not in (2, VERSION):
             continue
         data = json.loads(record.body)
-        assert ALWAYS_WRITTEN <= set(data) <= set(V2_FIELDS)
+        assert ALWAYS_WRITTEN <= set(data) <= set(V3_FIELDS) - (V3_ONLY if data["v"] == 2 else set())
         for key, value in data.items():
             assert isinstance(value, JSON_TYPES[key]) and not isinstance(value, bool), (key, value)
-        typed = {k: float(v) if V2_FIELDS[k][0].startswith("float") else v for k, v in data.items()}
-        assert parse_message(record.body) == PollMessage(**typed)
+        typed = {k: float(v) if V3_FIELDS[k][0].startswith("float") else v for k, v in data.items()}
+        assert parse_message(record.body) == PollMessage(**{**typed, "outcome": Finding.parse(data.get("outcome"))})
 
 
 def test_a_v2_body_with_a_field_outside_the_schema_is_poison() -> None:

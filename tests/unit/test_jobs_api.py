@@ -37,7 +37,7 @@ RECORD: dict[str, Any] = {
     "result_s3_key": f"results/{JOB}/0a1b2c3d4e5f6a7b", "result_bytes": 31_457_280,
     "result_content_type": "application/json",
 }
-INTERNAL = {"profile", "status_reads", "result_reads", "idempotency_key", "sume_request_id", "chain_due_at",
+INTERNAL = {"profile", "status_reads", "result_reads", "expires_at", "sume_request_id", "chain_due_at",
             "fence_token", "fence_seq", "pending_shard", "event_pending", "event_published_at", "seen_running_at",
             "seen_terminal_at", "result_s3_key", "result_json"}
 
@@ -61,6 +61,24 @@ def reader(*records: dict[str, Any], expiry: int = 300) -> tuple[JobReader, Sign
 
 
 # -- GetJob ------------------------------------------------------------------------------------------
+
+def test_the_reply_names_the_callers_idempotency_key() -> None:
+    """A caller answered "queued" (no job id yet) correlates by its own key: the reply carries it,
+    as the terminal event does; a job registered by id has none."""
+    jobs, _ = reader(RECORD, {**RECORD, "job_id": "job_registered", "idempotency_key": None})
+    assert jobs.get_job(JOB)["idempotency_key"] == "order-42-video"  # type: ignore[index]
+    assert jobs.get_job("job_registered")["idempotency_key"] is None  # type: ignore[index]
+
+
+def test_a_record_past_its_ttl_is_gone_before_dynamodb_deletes_it() -> None:
+    """DynamoDB deletes expired items lazily (typically within a few days) and serves them until
+    then (https://docs.aws.amazon.com/amazondynamodb/latest/developerguide/ttl-expired-items.html):
+    GetJob answers no such job from expires_at on (real seconds), and the reply never shows it."""
+    jobs, _ = reader({**RECORD, "expires_at": int(NOW)}, {**RECORD, "job_id": "job_later", "expires_at": int(NOW) + 1})
+    assert jobs.get_job(JOB) is None
+    later = jobs.get_job("job_later")
+    assert later is not None and "expires_at" not in later
+
 
 def test_an_s3_result_is_a_short_lived_url_and_no_internal_field_leaves() -> None:
     jobs, signer = reader(RECORD, expiry=120)

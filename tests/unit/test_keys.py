@@ -72,9 +72,16 @@ def test_each_key_names_its_own_redis_state_and_partitions_the_default_keeps_tod
     (json.dumps(["keys"]), ['{"keys"']),
     (json.dumps({"keys": {"bad id!": {"api_key": "k"}}}), ["a key id is"]),
     (json.dumps({"keys": {"a": {"api_key": "k", "reads_per_minute": -1}, "b": {}}}),
-     ["key a: reads_per_minute", "key b: give exactly one of api_key and api_key_from"]),
+     ["key a: reads_per_minute", "key b: give exactly one of api_key_from and api_key"]),
     (json.dumps({"keys": {"a": {"api_key": "sume_live_secret", "tier": 3}}}), ["unknown fields ['tier']"]),
-    (json.dumps({"keys": {"a": {"api_key_from": "ssm:/elsewhere/a"}}}), ["under keys/"]),
+    (json.dumps({"keys": {"a": {"api_key_from": "ssm:/elsewhere/a"}}}), ["under keys/api-keys/"]),
+    (json.dumps({"keys": {"a": {"api_key_from": "secretsmanager:keys/a"}}}),
+     ["under keys/api-keys/", "make migrate-keys"]),
+    (json.dumps({"keys": {"a": {"api_key_from": "secretsmanager:keys/api-keys/a",
+                                "webhook_secret_from": "secretsmanager:keys/api-keys/a"}}}),
+     ["webhook_secret_from must name a secret or SSM parameter under keys/webhook-secrets/"]),
+    (json.dumps({"keys": {"a": {"api_key": "sume_live_secret", "api_key_from": "secretsmanager:keys/api-keys/a"}}}),
+     ["give exactly one of api_key_from and api_key"]),
 ])
 def test_a_bad_configuration_says_every_problem_and_never_a_secret(raw: str, problems: list[str]) -> None:
     config = Config({})
@@ -142,12 +149,19 @@ def test_a_key_kept_elsewhere_is_read_through_one_secret_per_name() -> None:
         made.append((name, source))
         return lambda: f"value of {name}"
 
-    config = Config({"a": {"api_key_from": "ssm:/keys/a"}, "b": {"api_key_from": "secretsmanager:keys/b"}})
+    config = Config({"a": {"api_key_from": "ssm:/keys/api-keys/a"},
+                     "b": {"api_key_from": "secretsmanager:keys/api-keys/b",
+                           "webhook_secret_from": "secretsmanager:keys/webhook-secrets/b"}})
     ring = config.ring(DEFAULT, secret=secret, config_name="keys")
-    assert ring.get("a").api_key() == "value of /keys/a" and ring.get("b").api_key() == "value of keys/b"
+    assert ring.get("a").api_key() == "value of /keys/api-keys/a"
+    assert ring.get("b").api_key() == "value of keys/api-keys/b"
+    webhook = ring.get("b").webhook_secret
+    assert webhook is not None and webhook() == "value of keys/webhook-secrets/b"
+    assert ring.get("a").webhook_secret is None
     config.now += MAX_AGE
     ring.get("a")  # read again: the same secret objects (their own caches)
-    assert made == [("/keys/a", "ssm"), ("keys/b", "secretsmanager")]
+    assert made == [("/keys/api-keys/a", "ssm"), ("keys/api-keys/b", "secretsmanager"),
+                    ("keys/webhook-secrets/b", "secretsmanager")]
 
 
 def test_no_key_at_all_is_a_clear_error() -> None:
@@ -169,3 +183,44 @@ def test_parts_per_key_are_built_again_when_limits_change_not_when_the_key_rotat
         config.now + MAX_AGE
     assert parts("acme") == 2 and built == [("acme", 60), ("acme", 30)]
     assert parts("gone") == "removed gone"
+
+
+def test_a_secret_kept_elsewhere_is_read_only_by_the_function_that_uses_it() -> None:
+    """The key list names where each secret lives; a secret is read when first used. Fan-out (ids and
+    limits) reads neither, the webhook function no API key, the pollers no webhook secret - which
+    is what lets each role be granted only its own (template.yaml)."""
+    reads: list[str] = []
+
+    def secret(name: str, source: str) -> Any:
+        return lambda: reads.append(name) or f"value of {name}"
+
+    config = Config({"acme": {"api_key_from": "secretsmanager:keys/api-keys/acme", "reads_per_minute": 7,
+                              "webhook_secret_from": "secretsmanager:keys/webhook-secrets/acme"}})
+    fanout = config.ring(DEFAULT, secret=secret, config_name="keys")
+    assert [(k.id, k.limits.reads_per_minute) for k in fanout.all()] == [("main", 120), ("acme", 7)]
+    assert reads == []
+    hook = fanout.get("acme").webhook_secret
+    assert hook is not None and hook() == "value of keys/webhook-secrets/acme"
+    assert reads == ["keys/webhook-secrets/acme"]
+
+
+def test_format_1_inline_secrets_still_load_counted_and_named_by_id_never_value(
+        capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """A deployed configuration from before the split keeps working (the functions that use its
+    inline secrets read them) until make migrate-keys moves them; every read counts
+    KeyConfigLegacy (alarmed) and the warning says what to do, with key ids only."""
+    config = Config({"acme": {"api_key": "sume_live_acme", "webhook_secret": "whsec_acme"},
+                     "globex": {"api_key_from": "secretsmanager:keys/api-keys/globex"}})
+    ring = config.ring(DEFAULT, secret=lambda name, source: lambda: "sume_live_globex", config_name="keys")
+    acme = ring.get("acme")
+    assert acme.api_key() == "sume_live_acme"
+    assert acme.webhook_secret is not None and acme.webhook_secret() == "whsec_acme"
+    metrics = capsys.readouterr().out
+    assert '"KeyConfigLegacy"' in metrics and "sume_live" not in metrics
+    (warning,) = [r for r in caplog.records if "inline" in r.getMessage()]
+    assert "make migrate-keys" in warning.getMessage() and warning.keys == ["acme"]
+    assert "sume_live" not in warning.getMessage() + json.dumps(warning.keys)
+    config.text = json.dumps({"keys": {"acme": {"api_key_from": "secretsmanager:keys/api-keys/acme"}}})
+    config.now += MAX_AGE
+    ring.get("acme")
+    assert '"KeyConfigLegacy"' not in capsys.readouterr().out  # migrated: no longer counted

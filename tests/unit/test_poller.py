@@ -25,7 +25,7 @@ from fakes import (
 )
 
 from sume_poller.config.settings import PollSettings
-from sume_poller.core.messages import OUTBOX_PHASE, RESULT_PHASE, PollMessage, parse_message
+from sume_poller.core.messages import OUTBOX_PHASE, RESULT_PHASE, Finding, PollMessage, Source, parse_message
 from sume_poller.discovery.coverage import CANARY_EVERY, Coverage, is_canary
 from sume_poller.discovery.deliveries import LOST_WITHIN
 from sume_poller.limits.budget import Grant, RateInfo
@@ -246,7 +246,7 @@ def test_a_result_that_never_comes_ends_only_at_the_deadline(rig: Rig) -> None:
 def test_a_job_a_list_called_completed_whose_result_is_not_there_goes_back_to_its_status_once(rig: Rig) -> None:
     msg = rig.submit()
     handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="sweep", seen_terminal_at=rig.clock.now(),
-                      outcome={"status": "completed", "sume_status": "completed", "source": "list"})
+                      outcome=Finding("completed", Source.LIST, "completed"))
     rig.lease.values["job_a"] = f"{msg.token}:1*"
     rig.sume.result["job_a"] = [refused("not_found", 404)]
     rig.sume.status["job_a"] = [status("running")]
@@ -263,7 +263,7 @@ def test_a_failure_a_list_reported_is_recorded_only_after_the_jobs_status_says_s
     for job_status, expected in ((status("running"), "pending"), (done("failed", error={"code": "x"}), "failed")):
         rig.sume.status["job_a"] = [job_status]
         handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="sweep", token=msg.token,
-                          outcome={"status": "failed", "sume_status": "failed", "source": "list"})
+                          outcome=Finding("failed", Source.LIST, "failed"))
         rig.lease.values["job_a"] = f"{msg.token}:1*"
         rig.run(handed)
         assert rig.store.records["job_a"]["status"] == expected
@@ -273,8 +273,8 @@ def test_a_failure_a_list_reported_is_recorded_only_after_the_jobs_status_says_s
 def test_a_failure_a_signed_webhook_stated_is_recorded_without_a_read_or_a_slot(rig: Rig) -> None:
     msg = rig.submit()
     handed = msg.next(seq=1, phase=RESULT_PHASE, found_by="webhook", seen_terminal_at=rig.clock.now(),
-                      outcome={"status": "canceled", "sume_status": "canceled", "source": "webhook",
-                               "error": {"code": "user_canceled", "message": "canceled by its owner"}})
+                      outcome=Finding("canceled", Source.WEBHOOK, "canceled",
+                                      {"code": "user_canceled", "message": "canceled by its owner"}))
     rig.lease.values["job_a"] = f"{msg.token}:1*"
     out = rig.run(handed)
     record = rig.store.records["job_a"]
@@ -291,7 +291,9 @@ def test_a_result_over_the_maximum_is_recorded_completed_without_it(rig: Rig) ->
     assert record["result_bytes"] == 80_000_000 and "result_json" not in record and len(rig.bus.events) == 1
 
 
-def test_the_result_read_right_after_a_terminal_status_respects_the_deadline(rig: Rig) -> None:
+def test_a_status_read_that_crosses_the_deadline_still_fetches_the_result_it_found_ready(rig: Rig) -> None:
+    """The last read records what it finds: a job Sume finished with its result ready at the deadline is
+    recorded with its result (it is paid for; before, it was recorded timed_out without the read)."""
     msg = rig.submit()
     rig.sume.status["job_a"] = [done()]
     rig.clock.t = msg.deadline_at - 0.01
@@ -303,7 +305,9 @@ def test_the_result_read_right_after_a_terminal_status_respects_the_deadline(rig
 
     rig.sume.get_status = reading_takes_time  # type: ignore[method-assign]
     out = rig.run(late)
-    assert out.status == "timed_out" and rig.sume.reads("result") == 0
+    record = rig.store.records["job_a"]
+    assert out.status == "completed" and rig.sume.reads("result") == 1 and record["result_json"] == '{"url":"u"}'
+    assert record["evidence"] == "result_read"
 
 
 def test_a_message_that_only_finishes_an_outbox_takes_no_read_slot(rig: Rig) -> None:

@@ -15,8 +15,14 @@ def test_the_key_configuration_of_keys_is_the_format_the_key_ring_parses() -> No
                                  "globex": {"workspace": "ws_globex"}})  # not started: no service runs
     stack.keys = {"acme": "sume_local_acme_1", "globex": "sume_local_globex_1"}
     defaults = Limits(120, 0, 0, 0)
-    keys = {k.id: k for k in KeyRing("default", defaults=defaults).parse(json.dumps(stack.key_config()))}
+    stored = stack.key_secrets()
+    ring = KeyRing("default", defaults=defaults, secret=lambda name, source: lambda: stored[name],
+                   config_name="sume-poller/keys")
+    keys = {k.id: k for k in ring.parse(json.dumps(stack.key_config()))}
     assert keys["acme"].limits == Limits(10, 0, 0, 50)  # per_day None: the deployment's (here 0)
     assert keys["acme"].api_key() == "sume_local_acme_1" and keys["acme"].webhook_secret() == "whsec_acme"  # type: ignore[misc]
+    assert "sume_local" not in json.dumps(stack.key_config())  # format 2: no secret in the list
+    inline = {k.id: k for k in ring.parse(json.dumps(stack.key_config(inline=True)))}  # format 1, as deployed before
+    assert inline["acme"].api_key() == "sume_local_acme_1" and inline["acme"].limits == keys["acme"].limits
     assert keys["globex"].limits == defaults and keys["globex"].webhook_secret is None
     assert not keys["acme"].default and stack._key_options["acme"]["workspace"] == "acme"

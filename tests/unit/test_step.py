@@ -8,9 +8,9 @@ import math
 import pytest
 
 from sume_poller.core.clock import Clock
-from sume_poller.core.messages import RESULT_PHASE, PollMessage
+from sume_poller.core.messages import RESULT_PHASE, Finding, PollMessage, Source
 from sume_poller.limits.lease import new_token
-from sume_poller.poll.step import HOP_TOLERANCE, Deadline, Run, plan
+from sume_poller.poll.step import HOP_TOLERANCE, LAST_READ_WAIT, Deadline, Run, plan
 
 NOW = 1_800_000_000.0
 CLOCK = Clock(0.5)  # two clock seconds a real second
@@ -46,8 +46,8 @@ def test_the_deadline_caps_the_due_time() -> None:
 
 @pytest.mark.parametrize(("changes", "mode"), [
     ({"slot_at": NOW}, "confirm"),
-    ({"slot_at": NOW, "phase": RESULT_PHASE, "outcome": {"status": "completed"}}, "rconfirm"),
-    ({"phase": RESULT_PHASE, "outcome": {"status": "completed"}}, "ahead"),
+    ({"slot_at": NOW, "phase": RESULT_PHASE, "outcome": Finding("completed", Source.STATUS)}, "rconfirm"),
+    ({"phase": RESULT_PHASE, "outcome": Finding("completed", Source.STATUS)}, "ahead"),
     ({"found_by": "sweep"}, "ahead"),  # the status read that confirms a failure a sweep listed
 ])
 def test_a_reserved_slot_is_confirmed_and_a_finished_job_goes_ahead_with_any_slot(changes: dict[str, object],
@@ -63,3 +63,24 @@ def test_a_run_tallies_its_reads_and_signals_into_its_outcome() -> None:
     out = run.outcome("requeued")
     assert (out.status_reads, out.result_reads, out.signals) == (1, 1, ("BudgetExhausted",))
     assert (run.chain.reads, run.chain.result_reads) == (1, 1)
+
+
+@pytest.mark.parametrize(("finding", "mode"), [
+    (Finding("failed", Source.WEBHOOK, "failed"), "none"),  # Sume's signed word: recorded without a read
+    (Finding("failed", Source.LIST, "failed"), "ahead"),  # a list's: the status read confirms it
+    (Finding("completed", Source.WEBHOOK), "ahead"),  # *.ready: its result read is the proof
+    (Finding("completed", Source.STATUS, result_ready=False), "ahead"),  # Sume's gate: the status read waits
+])
+def test_what_a_finding_still_needs_decides_the_slot(finding: Finding, mode: str) -> None:
+    assert planned(message(phase=RESULT_PHASE, outcome=finding))[2] == mode
+
+
+def test_at_the_deadline_the_last_read_accepts_a_slot_only_so_long_past_it() -> None:
+    """Every wait is clamped to the deadline; the step at the deadline reads once more, on a slot at
+    most LAST_READ_WAIT past it (the cadence's own patience too, when nearer)."""
+    due = message(deadline_at=int(NOW), due_at=NOW + 500.0)
+    assert planned(due) == (None, 60_000, "take", 42.0)  # not a hop: the deadline is now
+    assert planned(due, patience=math.inf)[3] == LAST_READ_WAIT
+    late = message(deadline_at=int(NOW) - 100, phase=RESULT_PHASE, outcome=Finding("completed", Source.STATUS))
+    assert planned(late)[2:] == ("ahead", LAST_READ_WAIT - 100)
+    assert planned(message(deadline_at=int(NOW) - 1_000))[3] == 0.0  # past the last read's wait: now or never

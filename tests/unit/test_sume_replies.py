@@ -22,11 +22,12 @@ def test_an_explicit_terminal_false_never_overrides_a_terminal_status() -> None:
     assert isinstance(out, Terminal) and out.status == "completed"
 
 
-def test_terminal_true_ends_a_job_whose_status_is_unknown() -> None:
-    out = interpret_status({"job": {"status": "finalizing", "terminal": True, "result_ready": True}})
-    assert isinstance(out, Terminal) and out.status == "completed"
-    pending = interpret_status({"job": {"status": "finalizing"}})
-    assert isinstance(pending, Pending) and pending.unknown_status
+@pytest.mark.parametrize("hints", [{}, {"terminal": True, "result_ready": True}, {"terminal": True}])
+def test_an_unknown_status_is_not_terminal_whatever_terminal_says(hints: dict[str, bool]) -> None:
+    """The contract: an unknown status is not terminal - keep reading (the deadline caps it), report it
+    loudly. ``terminal: true`` beside it does not make it an outcome (before: completed or failed)."""
+    out = interpret_status({"job": {"status": "finalizing", **hints}})
+    assert isinstance(out, Pending) and out.unknown_status and out.status == "finalizing"
 
 
 @pytest.mark.parametrize("body", [None, [], "x", {"job": {"status": ""}}, {"status": 7}])

@@ -48,6 +48,9 @@ EXPRESSIONS: dict[str, Any] = {
     "ResultBucketArn": {"Fn::GetAtt": ["ResultBucket", "Arn"]},
     "ResultsArn": {"Fn::Sub": "${ResultBucket.Arn}/results/*"},
     "FailedInvocationsQueueArn": {"Fn::GetAtt": ["FailedInvocationsQueue", "Arn"]},
+    # (a template from before the submit function's own dead-letter queue has none: SUME_TEMPLATE)
+    **({"FailedSubmitsQueueArn": {"Fn::GetAtt": ["FailedSubmitsQueue", "Arn"]}} if "FailedSubmitsQueue" in RESOURCES
+       else {}),
     **{f"{group}Arn": {"Fn::GetAtt": [group, "Arn"]}
        for group in ("SubmitLogGroup", "PollLogGroup", "FanOutLogGroup", "SweepLogGroup", "WebhookLogGroup",
                      "JobsLogGroup")},
@@ -209,7 +212,7 @@ def test_log_level_is_one_name_lambda_powertools_and_python_share() -> None:
 # -- item 12: every queue can be sent to; the key's users are granted -----------------------------------
 
 QUEUES = ("PollQueue", "PollDeadLetterQueue", "CreateQueue", "CreateDeadLetterQueue", "FailedInvocationsQueue",
-          "TerminalEventsQueue")
+          "FailedSubmitsQueue", "TerminalEventsQueue", "TerminalEventsQueueDeadLetterQueue")
 
 
 @pytest.mark.parametrize("key", ["", KEY], ids=["sse-sqs", "cmk"])
@@ -247,7 +250,8 @@ def test_with_a_key_every_function_may_use_it_for_its_queues_and_dead_letters() 
         statements = role_statements(r, function)
         assert grants(statements, "kms:GenerateDataKey", KEY), function  # sends (Lambda's DLQ sends as the role)
         assert grants(statements, "kms:Decrypt", KEY), function
-        failed = r.outputs["FailedInvocationsQueueArn"]
+        # each function's asynchronous-invocation dead-letter queue (a failed submit has its own)
+        failed = r.outputs["FailedSubmitsQueueArn" if function == "SubmitFunction" else "FailedInvocationsQueueArn"]
         assert grants(statements, "sqs:SendMessage", failed), function
     without = resolver()
     assert not any("kms:" in json.dumps(role_statements(without, f))
@@ -372,7 +376,9 @@ def test_every_function_knows_whether_it_runs_in_a_vpc() -> None:
     for overrides, expected in (({}, "false"), (VPC, "true")):
         r = resolver(**overrides)
         for lid, function in r.functions.items():
-            assert function.environment["IN_VPC"] == expected, lid
+            in_vpc = "false" if lid == "JobsFunction" else expected  # it needs no Redis: never in the VPC
+            assert function.environment["IN_VPC"] == in_vpc, lid
+            assert ("VpcConfig" in function_props(lid)) is (lid != "JobsFunction"), lid
 
 
 # -- item 14: costs and exposure -------------------------------------------------------------------------
@@ -417,7 +423,7 @@ def test_post_jobs_outwaits_the_submit_function_within_its_own_timeout() -> None
     r = resolver()
     submit, jobs = r.functions["SubmitFunction"].timeout, r.functions["JobsFunction"].timeout
     assert submit < INVOKE_READ_TIMEOUT_S == INVOKE_CONFIG.read_timeout < jobs
-    assert INVOKE_CONFIG.retries == {"mode": "standard", "max_attempts": 1}  # a retried Invoke submits again
+    assert INVOKE_CONFIG.retries == {"mode": "standard", "total_max_attempts": 1}  # a retried Invoke submits again
     spec = PARAMETERS["ResultUrlExpirySeconds"]
     assert (spec["MinValue"], spec["Default"], spec["MaxValue"]) == (30, 300, 3600)
     assert resolver(ResultUrlExpirySeconds="45").functions["JobsFunction"].environment[
@@ -463,7 +469,8 @@ def test_dead_letters_outlive_the_messages_they_were() -> None:
     r = resolver()
     retention = {q: int(r.properties[q]["MessageRetentionPeriod"]) for q in QUEUES}
     assert retention["PollQueue"] == 4 * 86400
-    assert retention["PollDeadLetterQueue"] == retention["FailedInvocationsQueue"] == 14 * 86400
+    assert retention["PollDeadLetterQueue"] == retention["FailedSubmitsQueue"] == 14 * 86400
+    assert retention["FailedInvocationsQueue"] == 86400  # stale schedule ticks only: nothing to act on
     # A message keeps its first enqueue time in the DLQ: it must have time left there.
     assert retention["PollDeadLetterQueue"] - retention["PollQueue"] >= 7 * 86400
     assert (retention["CreateQueue"], retention["CreateDeadLetterQueue"]) == (retention["PollQueue"],
@@ -608,7 +615,7 @@ def test_the_queue_deadline_parameter_is_what_the_submit_function_accepts() -> N
 
 def test_the_poll_function_may_stream_results_and_is_told_their_limit() -> None:
     spec = PARAMETERS["ResultMaxMegabytes"]
-    assert (spec["Default"], spec["MinValue"], spec["MaxValue"]) == (50, 1, 500)
+    assert (spec["Default"], spec["MinValue"], spec["MaxValue"]) == (50, 1, 50)
     r = resolver(ResultMaxMegabytes="7")
     assert r.functions["PollFunction"].environment["RESULT_MAX_MEGABYTES"] == "7"
     results = r.outputs["ResultsArn"]

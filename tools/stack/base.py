@@ -219,26 +219,43 @@ class Stack(ABC):
         self.parameters = {**LOCAL_PARAMETERS, "TimeScale": f"{self.time_scale:g}", "RedisUrl": self.redis_url,
                            "SumeBaseUrl": self.sim.base_url, **named, **{k: str(v) for k, v in self._overrides.items()}}
 
-    def key_config(self) -> dict[str, Any]:
-        """The key configuration (keys.py's format) of ``.keys``: API keys inline, limits, webhook secrets."""
+    def key_config(self, *, inline: bool = False) -> dict[str, Any]:
+        """The key configuration (keys.py's format 2) of ``.keys``: limits, and where each key's API key and
+        webhook secret live (:meth:`key_secrets`); ``inline``: format 1, the secrets in the list itself (a
+        deployed configuration from before the split, which the functions still read)."""
+        from sume_poller.config.keys import API_KEYS, WEBHOOK_SECRETS
+
         entries: dict[str, Any] = {}
         for key_id, api_key in self.keys.items():
             options = self._key_options[key_id]  # {"read_budget": {"per_minute": 60}} -> reads_per_minute 60
-            entries[key_id] = {"api_key": api_key, **{k: v for k, v in options.items() if k == "webhook_secret" and v},
-                               **{f"{what}s_{window}": n for what in ("read", "create")
-                                  for window, n in (options.get(f"{what}_budget") or {}).items() if n is not None}}
+            hook = options.get("webhook_secret")
+            where = {"api_key": api_key, **({"webhook_secret": hook} if hook else {})} if inline else {
+                "api_key_from": f"secretsmanager:{KEY_CONFIG}/{API_KEYS}/{key_id}",
+                **({"webhook_secret_from": f"secretsmanager:{KEY_CONFIG}/{WEBHOOK_SECRETS}/{key_id}"} if hook else {})}
+            entries[key_id] = {**where, **{f"{what}s_{window}": n for what in ("read", "create")
+                                           for window, n in (options.get(f"{what}_budget") or {}).items()
+                                           if n is not None}}
         return {"keys": entries}
 
+    def key_secrets(self) -> dict[str, str]:
+        """Secret name -> value of every key's API key and webhook secret, where format 2 names them."""
+        from sume_poller.config.keys import API_KEYS, WEBHOOK_SECRETS
+
+        secrets = {f"{KEY_CONFIG}/{API_KEYS}/{key_id}": api_key for key_id, api_key in self.keys.items()}
+        return {**secrets, **{f"{KEY_CONFIG}/{WEBHOOK_SECRETS}/{key_id}": hook for key_id in self.keys
+                              if (hook := self._key_options[key_id].get("webhook_secret"))}}
+
     def store_keys(self) -> None:
-        """The default key's API key where the template reads it; the key configuration (KEY_CONFIG)."""
+        """The default key's API key where the template reads it; each key's secrets, then the key list (KEY_CONFIG)."""
         self.client("ssm").put_parameter(Name=self.parameters["SumeApiKeyName"], Value=self.api_key,
                                          Type="SecureString", Overwrite=True)
         if name := self.parameters.get("SumeKeysSecretName"):
-            secrets, text = self.client("secretsmanager"), json.dumps(self.key_config())
-            try:
-                secrets.put_secret_value(SecretId=name, SecretString=text)
-            except secrets.exceptions.ResourceNotFoundException:
-                secrets.create_secret(Name=name, SecretString=text)
+            secrets = self.client("secretsmanager")
+            for secret_name, value in {**self.key_secrets(), name: json.dumps(self.key_config())}.items():
+                try:
+                    secrets.put_secret_value(SecretId=secret_name, SecretString=value)
+                except secrets.exceptions.ResourceNotFoundException:
+                    secrets.create_secret(Name=secret_name, SecretString=value)
 
     def _connect(self, client: Callable[[str], Any], outputs: Mapping[str, str]) -> None:
         """The AWS side is up: its clients, the stack's outputs, the job table, the event sink."""

@@ -128,6 +128,10 @@ class _Answer:
             return self._raw(page, "text/html; charset=utf-8")
         if fault == "empty":
             return self._raw(b"")
+        if fault.startswith("proxy:"):  # a gateway or proxy in front of Sume answers: its page, none of Sume's
+            status = int(fault.partition(":")[2])
+            page = f"<html><head><title>{status}</title></head><body><center><h1>{status}</h1></center></body></html>"
+            return Reply(status, None, self.request_id, (), raw=page.encode(), content_type="text/html")
         code_text, _, retry = fault.partition(":")
         status = int(code_text)
         code = ERROR_CODES.get(status, "internal_error" if status >= 500 else "error")

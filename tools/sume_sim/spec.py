@@ -46,7 +46,7 @@ RESULT_SHAPES = ("object", "list", "string", "large")
 DEFAULT_RESULT_BYTES = 400_000
 #: HTTP statuses the result route may answer while a result is not ready yet (409 is the default).
 RESULT_NOT_READY_STATUSES = (404, 409, 425)
-_FAULT_RE = re.compile(r"^(?:malformed|html|empty|slow:\d+|[45]\d\d(?::\d+)?)$")
+_FAULT_RE = re.compile(r"^(?:malformed|html|empty|slow:\d+|[45]\d\d(?::\d+)?|proxy:[45]\d\d)$")
 
 
 class SpecError(ValueError):

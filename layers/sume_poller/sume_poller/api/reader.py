@@ -3,7 +3,7 @@
 The reply is the job's record as plain JSON, its public fields only (never the chain's
 bookkeeping: fence tokens, index partitions, outbox flags, due times), and its result::
 
-    {"job_id": "job_abc", "key": null, "kind": "image", "status": "completed",
+    {"job_id": "job_abc", "key": "default", "idempotency_key": "order-1234", "kind": "image", "status": "completed",
      "sume_status": "completed", "error": null, "submitted_at": 1796212700, "updated_at": 1796212800,
      "terminal_at": 1796212800, "deadline_at": 1796299100, "found_by": "chain", "reads": 3,
      "result_location": "table", "result": {...}, "result_url": null, "result_url_expires_at": null,
@@ -17,6 +17,10 @@ of the object the record points at, valid for ``RESULT_URL_EXPIRY_SECONDS`` (rea
 it; null - no result (a pending job, a failure, or one too large to keep: ``result_bytes`` and
 error ``result_too_large``). Times are the record's (clock seconds, see :mod:`sume_poller.core.clock`).
 The URL is a bearer credential for that object until it expires: it is returned, never logged.
+
+``idempotency_key`` is the submission's (null for a job registered by id), as the terminal event
+carries it. A record past its ``expires_at`` (the deployment's RETENTION_DAYS; DynamoDB deletes
+it lazily, typically within days) is answered as no such job, as it will be once deleted.
 
 A job id that is not one (:func:`sume_poller.core.jobs.validate_job_id`) never reaches the table; the
 statistics items (``#stats:...``) cannot be asked for.
@@ -34,8 +38,8 @@ from ..config.settings import Common, Env, declared, setting
 
 #: The record's fields a reply carries, as they are ("key": the Sume key the job belongs to, if
 #: the record names one). Nothing else of the record leaves the function.
-PUBLIC_FIELDS = ("job_id", "key", "kind", "status", "sume_status", "error", "submitted_at", "updated_at",
-                 "terminal_at", "deadline_at", "found_by", "reads")
+PUBLIC_FIELDS = ("job_id", "key", "idempotency_key", "kind", "status", "sume_status", "error", "submitted_at",
+                 "updated_at", "terminal_at", "deadline_at", "found_by", "reads")
 RESULT_FIELDS = ("result_location", "result", "result_url", "result_url_expires_at", "result_bytes",
                  "result_content_type")
 
@@ -79,7 +83,7 @@ class JobReader:
     def get_job(self, job_id: str) -> dict[str, Any] | None:
         """The reply for a valid job id (see the module docstring), or None: no such job here."""
         record = self.store.get(job_id)
-        return None if record is None else self.reply(record)
+        return None if record is None or expired(record, self.wall()) else self.reply(record)
 
     def reply(self, record: Mapping[str, Any]) -> dict[str, Any]:
         reply = {name: record.get(name) for name in PUBLIC_FIELDS}
@@ -93,6 +97,13 @@ class JobReader:
             result.update(result_location="table", result=json.loads(record["result_json"]),
                           result_content_type="application/json")
         return {**reply, **result}
+
+
+def expired(record: Mapping[str, Any], wall_now: float) -> bool:
+    """The record is past its TTL (``expires_at``, real epoch seconds): gone, whether or not DynamoDB
+    has deleted it yet."""
+    expires = record.get("expires_at")
+    return isinstance(expires, int | float) and not isinstance(expires, bool) and expires <= wall_now
 
 
 def presigner(s3: Any, bucket: str) -> Callable[[str, int], str]:

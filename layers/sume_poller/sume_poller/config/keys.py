@@ -11,18 +11,28 @@ Where keys come from:
 
 * the default key (id ``DEFAULT_KEY_ID``, "default" unless set): the deployment's one key -
   ``SUME_API_KEY_NAME`` (SSM or Secrets Manager), the budget parameters, the webhook secret;
-* the key configuration, one Secrets Manager secret (``SUME_KEYS_SECRET_NAME``) holding JSON::
+* the key configuration, one Secrets Manager secret (``SUME_KEYS_SECRET_NAME``, say ``sume/keys``)
+  holding the key list - ids, limits and where each key's secrets live, never a secret itself::
 
-      {"keys": {"acme": {"api_key": "sume_live_...",
+      {"keys": {"acme": {"api_key_from": "secretsmanager:sume/keys/api-keys/acme",
                          "reads_per_minute": 60, "reads_per_day": 5000,
                          "creates_per_minute": 5, "creates_per_day": 100,
-                         "webhook_secret": "whsec_..."},
-                "globex": {"api_key_from": "ssm:/sume/globex"}}}
+                         "webhook_secret_from": "secretsmanager:sume/keys/webhook-secrets/acme"},
+                "globex": {"api_key_from": "ssm:/sume/keys/api-keys/globex"}}}
 
-  An entry's limits default to Sume's documented ones (the deployment's budget settings); its API
-  key is inline or lives elsewhere under the configuration's name (``api_key_from``:
-  ``ssm:/<config name>/...`` or ``secretsmanager:<config name>/...``: the IAM grants are built from it);
-  ``webhook_secret`` is optional. An entry with the default key's id replaces the default key.
+  An entry's limits default to Sume's documented ones (the deployment's budget settings). Its API
+  key lives under ``<config name>/api-keys/`` (:data:`API_KEYS`), its optional webhook signing secret
+  under ``<config name>/webhook-secrets/`` (:data:`WEBHOOK_SECRETS`), each a Secrets Manager secret
+  (``secretsmanager:<name>``) or an SSM SecureString (``ssm:/<name>``). The IAM grants are built from
+  those prefixes, so each function may read only what it uses: the key list every function that
+  serves keys, the API keys only those that call Sume, the webhook secrets only the webhook
+  function. A secret is read when first used, never by a function that does not use it. An entry
+  with the default key's id replaces the default key.
+
+  Format 1 (before the split) held ``api_key`` and ``webhook_secret`` inline, where every function
+  reading the list could read them. Such an entry still loads (:func:`legacy_fields`: a warning and
+  the ``KeyConfigLegacy`` metric, alarmed) until ``make migrate-keys`` (tools/ops.py) moves them; an
+  ``api_key_from`` outside ``api-keys/`` is refused (no function may read it any more).
 
 The configuration is re-read on a short cache (:data:`MAX_AGE`; ``SUME_KEYS_MAX_AGE``), at once after a 401,
 and at once (at most every :data:`UNKNOWN_REREAD` seconds) when a job names a key it does not
@@ -49,7 +59,14 @@ MAX_AGE = 60.0
 UNKNOWN_REREAD = 10.0
 LIMITS = ("reads_per_minute", "reads_per_day", "creates_per_minute", "creates_per_day")
 LIMIT_MAX = 100_000_000
-ENTRY_FIELDS = frozenset({"api_key", "api_key_from", "webhook_secret", *LIMITS})
+#: Where, under the configuration's name, the API keys and the webhook signing secrets live
+#: (template.yaml grants each to the functions that use it: tests/unit/test_template_account.py).
+API_KEYS = "api-keys"
+WEBHOOK_SECRETS = "webhook-secrets"
+#: Format 1's inline secrets: still read, counted as KeyConfigLegacy until make migrate-keys moves them.
+LEGACY_FIELDS = ("api_key", "webhook_secret")
+ENTRY_FIELDS = frozenset({"api_key_from", "webhook_secret_from", *LEGACY_FIELDS, *LIMITS})
+MIGRATE = "run make migrate-keys (README \"Many keys\")"
 
 
 class UnknownKey(LookupError):
@@ -115,6 +132,19 @@ def record_key(record: Mapping[str, Any] | None, default_id: str) -> str:
 
 def _constant(value: str) -> Callable[[], str]:
     return lambda: value
+
+
+def legacy_fields(raw: str) -> dict[str, list[str]]:
+    """Key id -> the format-1 fields (inline secrets) its entry still holds, of a configuration that
+    parses as JSON (anything else: nothing; :meth:`KeyRing.parse` says what is wrong with it)."""
+    try:
+        entries = json.loads(raw).get("keys")
+    except (ValueError, AttributeError):
+        return {}
+    if not isinstance(entries, dict):
+        return {}
+    return {str(key_id): found for key_id, entry in entries.items()
+            if isinstance(entry, dict) and (found := [f for f in LEGACY_FIELDS if f in entry])}
 
 
 class KeyRing:
@@ -202,6 +232,10 @@ class KeyRing:
             return keys
         for key in self.parse(raw):
             keys[key.id] = key
+        if legacy := legacy_fields(raw):
+            count_now("KeyConfigLegacy")
+            logger.warning(f"the key configuration holds secrets inline, readable by every function that reads the "
+                           f"key list: {MIGRATE}", extra={"keys": sorted(legacy)})  # ids, never values
         return keys
 
     def parse(self, raw: str) -> list[SumeKey]:
@@ -236,26 +270,32 @@ class KeyRing:
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= LIMIT_MAX:
                 raise ValueError(f"key {key_id}: {name} must be an integer from 0 to {LIMIT_MAX}")
             limits[name] = value
-        webhook = entry.get("webhook_secret")
-        if webhook is not None and (not isinstance(webhook, str) or not webhook.strip()):
-            raise ValueError(f"key {key_id}: webhook_secret must be a non-empty string")
-        return SumeKey(key_id, Limits(**limits), self._api_key(key_id, entry),
-                       _constant(webhook.strip()) if webhook else None, default=key_id == self.default_id)
+        api_key = self._secret_of(key_id, entry, "api_key", API_KEYS)
+        assert api_key is not None  # required
+        return SumeKey(key_id, Limits(**limits), api_key, self._secret_of(key_id, entry, "webhook_secret",
+                                                                          WEBHOOK_SECRETS, required=False),
+                       default=key_id == self.default_id)
 
-    def _api_key(self, key_id: str, entry: dict[str, Any]) -> Callable[[], str]:
-        inline, where = entry.get("api_key"), entry.get("api_key_from")
-        if (inline is None) == (where is None):
-            raise ValueError(f"key {key_id}: give exactly one of api_key and api_key_from")
+    def _secret_of(self, key_id: str, entry: dict[str, Any], what: str, folder: str,
+                   required: bool = True) -> Callable[[], str] | None:
+        """The entry's ``what`` ("api_key" or "webhook_secret"): from ``<what>_from`` under the
+        configuration's ``folder``, or (format 1) inline; None when optional and absent."""
+        inline, where = entry.get(what), entry.get(f"{what}_from")
+        if (inline is not None and where is not None) or (required and inline is None and where is None):
+            raise ValueError(f"key {key_id}: give exactly one of {what}_from and {what} (format 1: inline)")
         if inline is not None:
             if not isinstance(inline, str) or not inline.strip():
-                raise ValueError(f"key {key_id}: api_key must be a non-empty string")
+                raise ValueError(f"key {key_id}: {what} must be a non-empty string")
             return _constant(inline.strip())
+        if where is None:
+            return None
         source, _, name = str(where).partition(":")
         if source not in ("ssm", "secretsmanager") or not name or self._secret is None:
-            raise ValueError(f"key {key_id}: api_key_from must be 'ssm:<name>' or 'secretsmanager:<name>'")
-        if self._ref_prefix and not name.lstrip("/").startswith(self._ref_prefix):
-            raise ValueError(f"key {key_id}: api_key_from must name a secret or parameter under "
-                             f"{self._ref_prefix} (the functions may read only there)")
+            raise ValueError(f"key {key_id}: {what}_from must be 'ssm:/<name>' or 'secretsmanager:<name>'")
+        prefix = f"{self._ref_prefix}{folder}/" if self._ref_prefix else None
+        if prefix and not name.lstrip("/").startswith(prefix):
+            raise ValueError(f"key {key_id}: {what}_from must name a secret or SSM parameter under {prefix} "
+                             f"(the only place the functions that use it may read): {MIGRATE}")
         if (source, name) not in self._secrets:
             self._secrets[(source, name)] = self._secret(name, source)
         secret: Callable[[], str] = self._secrets[(source, name)]

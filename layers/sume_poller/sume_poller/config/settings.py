@@ -44,6 +44,21 @@ POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS = 180
 POLL_FUNCTION_TIMEOUT_SECONDS = 30
 CLAIM_TTL_MAX_SECONDS = POLL_QUEUE_VISIBILITY_TIMEOUT_SECONDS - POLL_FUNCTION_TIMEOUT_SECONDS
 
+#: The largest result the poll function keeps (template.yaml's ResultMaxMegabytes MaxValue): what
+#: it can stream from Sume to S3 within its timeout. A result read without the time for it is
+#: re-queued to a fresh invocation (the poller's out_of_time and result_not_stored), which has the
+#: 30 s less the batch's 3 s safety margin and 3 s after the read (the terminal write): 24 s, of
+#: which 20 are the stream's (the rest: connecting, the first byte). 5 MB/s per container is a
+#: stated, conservative throughput for Sume to Lambda to S3 (loopback measures nothing of it),
+#: shared by the container's upload streams at once (store.UPLOAD_STREAMS): 20 x 5 / 2 = 50 MB.
+RESULT_STREAM_SECONDS = 20
+RESULT_STREAM_MB_PER_SECOND = 5
+RESULT_UPLOAD_STREAMS = 2
+RESULT_MAX_MEGABYTES_MAX = RESULT_STREAM_SECONDS * RESULT_STREAM_MB_PER_SECOND // RESULT_UPLOAD_STREAMS
+
+#: The most days RETENTION_DAYS (template.yaml's RetentionDays) keeps a finished job.
+RETENTION_DAYS_MAX = 3650
+
 #: A Redis host ending so is ElastiCache, reachable only from inside its VPC.
 ELASTICACHE_HOST_SUFFIX = ".cache.amazonaws.com"
 
@@ -173,6 +188,8 @@ class Common:
     clock: Clock
     #: Set only for local emulators: allows http:// Sume and a loopback Redis.
     local_endpoints: bool
+    #: Days a finished job's record is kept once its outbox is done (0: forever; a DynamoDB TTL).
+    retention_days: int = 0
 
     @classmethod
     def read(cls, env: Env) -> Self:
@@ -180,7 +197,8 @@ class Common:
         local = env.flag("LOCAL_ENDPOINTS", False)
         env.check(scale == 1.0 or local,
                   f"TIME_SCALE {scale:g} compresses the clock: only with LOCAL_ENDPOINTS=true (on AWS it is 1)")
-        return cls(jobs_table=env.text("JOBS_TABLE"), clock=Clock(scale), local_endpoints=local)
+        return cls(jobs_table=env.text("JOBS_TABLE"), clock=Clock(scale), local_endpoints=local,
+                   retention_days=env.integer("RETENTION_DAYS", 0, 0, RETENTION_DAYS_MAX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +305,10 @@ class JobSettings(Group):
     max_age: int = setting("JOB_MAX_AGE_SECONDS", 86_400, 60, 366 * 86_400)
     #: A 404 this soon after submission is read-after-create lag (retried), later it is final.
     not_found_grace: int = setting("NOT_FOUND_GRACE_SECONDS", 300, 0, 86_400)
+    #: How long per-job reads refused with a status the contract does not name for them (a 4xx but
+    #: 401/403/404 on the job; a result refused after the status said completed) are retried before
+    #: the refusal is recorded (clock seconds).
+    refusal_window: int = setting("REFUSAL_WINDOW_SECONDS", 3_600, 300, 86_400)
     pending_shards: int = setting("PENDING_SHARDS", 8, 1, 64)
 
 
@@ -382,7 +404,7 @@ class PollSettings(SumeReaderSettings):
     event_bus_name: str = setting("EVENT_BUS_NAME", "default")
     result_bucket: str = setting("RESULT_BUCKET")
     #: A result larger than this is recorded completed with ``result_too_large``, never stored.
-    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, 500)
+    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, RESULT_MAX_MEGABYTES_MAX)
     schedule: ScheduleSettings
     discovery: DiscoverySettings = DiscoverySettings()
 

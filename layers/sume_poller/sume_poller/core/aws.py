@@ -18,10 +18,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 AwsError = (BotoCoreError, ClientError)
 
+#: Real seconds: every AWS call's connect and read timeouts.
+CONNECT_TIMEOUT, READ_TIMEOUT = 1, 3
 CLIENT_CONFIG = Config(
-    connect_timeout=1,
-    read_timeout=3,
-    retries={"mode": "standard", "max_attempts": 2},
+    connect_timeout=CONNECT_TIMEOUT,
+    read_timeout=READ_TIMEOUT,
+    retries={"mode": "standard", "total_max_attempts": 2},  # the first attempt and one retry
     max_pool_connections=16,
 )
 

@@ -72,9 +72,30 @@ _FAILURE = {
     "expired": "expired",
 }
 
-#: Terminal statuses this project records (``timed_out`` is ours: deadline or attempt cap).
+#: Terminal statuses this project records (``timed_out`` is ours: the job's deadline).
 TERMINAL_STATUSES = frozenset({"completed", "failed", "canceled", "expired", "timed_out"})
 PENDING = "pending"
+
+
+class Evidence(StrEnum):
+    """What a terminal record rests on (its ``evidence`` attribute): only these make a job terminal.
+
+    * ``status_read`` - the job's own status route: a terminal status, or a refusal the contract
+      names for a job read (403 another workspace's job, 404 past the read-after-create grace), or a
+      refusal the contract does not name, repeated over the refusal window; a completed status whose
+      result route kept refusing the result over that window (recorded ``completed``, error
+      ``result_refused``);
+    * ``result_read`` - the job's result route answered the result (the proof of ``completed``);
+    * ``webhook`` - a verified signed delivery stated a failure (Sume's own word, no read);
+    * ``deadline`` - the job's deadline passed (``timed_out``, after one last read);
+    * ``key_removed`` - the job's Sume key left the key configuration (no read: there is no key).
+    """
+
+    STATUS = "status_read"
+    RESULT = "result_read"
+    WEBHOOK = "webhook"
+    DEADLINE = "deadline"
+    KEY_REMOVED = "key_removed"
 
 
 def classify_status(status: object) -> State:
@@ -94,8 +115,9 @@ def classify_status(status: object) -> State:
 def canonical_terminal_status(status: object, succeeded: bool | None = None) -> str:
     """The status recorded for a terminal Sume status (``completed``/``failed``/``canceled``/``expired``).
 
-    A status Sume marks terminal but that this project does not know is recorded as ``completed``
-    when the reply says a result is ready, else ``failed``; the raw status is kept beside it.
+    A status this project does not know is never terminal on a job read
+    (:func:`sume_poller.sume.client.interpret_status`); where something else names one terminal (a verified
+    webhook's ``*.failed`` event), it is ``completed`` when ``succeeded`` says so, else ``failed``.
     """
     s = status.strip().lower() if isinstance(status, str) else ""
     if s in _SUCCESS:

@@ -10,8 +10,14 @@ claim, rest, release), consumed by the submit function. One step:
    more after that, so a submission queued meanwhile starts a drain again);
 3. a head whose submission is settled already (a step that crashed after settling it, or a duplicate
    created without waiting) leaves the queue; a head past its deadline is recorded ``rejected``
-   with ``create_budget_exhausted`` (counted ``SubmissionsExpired``) and leaves it; a head of a key
-   the configuration no longer holds is recorded ``rejected`` with ``key_removed``;
+   with ``create_budget_exhausted`` (counted ``SubmissionsExpired``) and leaves it - unless create
+   attempts of it had an unknown outcome (Sume may have created and billed it): then, before it is
+   rejected, its create is replayed once with its Idempotency-Key on a create slot taken ahead of
+   the queue, now (the documented replay returns the job if an attempt landed, and creates it
+   otherwise: what the caller asked for), so it ends known - watched, or refused with Sume's answer;
+   only without a slot now (the day's creates spent, Sume's ``Retry-After``) or a replay that gets no
+   answer either is it rejected so (``unknown_attempts`` in its record); a head of a key the
+   configuration no longer holds is recorded ``rejected`` with ``key_removed``;
 4. one create slot of the key's budget: a slot further away is reserved and the step re-queues
    itself for it (the message carries the slot; a Lambda never waits);
 5. the create, with the submission's own Idempotency-Key: created -> the jobs are recorded and their
@@ -126,6 +132,8 @@ class Drainer:
             self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
             return
         if now >= float(item["deadline_at"]):
+            if msg.errors and self._replay(msg, step, item, report, remaining_ms):
+                return
             unknown = {"unknown_attempts": msg.errors} if msg.errors else {}
             if msg.errors:  # an attempt's outcome is unknown: Sume may have created it (a replay would say)
                 logger.error("a queued submission expired after create attempts of unknown outcome",
@@ -164,8 +172,26 @@ class Drainer:
                 return item, self.store.submission(key_id, str(item["idempotency_key"]))
         return None
 
+    def _replay(self, msg: DrainMessage, step: Step, item: dict[str, Any], report: DrainReport,
+                remaining_ms: Callable[[], int]) -> bool:
+        """A head at its deadline after create attempts of unknown outcome: one more create with its
+        Idempotency-Key on a create slot ahead of the queue, now (it settles the head whatever the
+        answer). False: no slot now, or its key is gone - it is rejected as any other."""
+        try:
+            k = self.keys(msg.key)
+            grant = k.creates.take(mode="ahead", max_wait=0.0)
+        except (UnknownKey, *RedisFailure):
+            return False
+        if not grant.now:
+            return False
+        logger.warning("a queued submission at its deadline had create attempts of unknown outcome: "
+                       "replaying its create with the same Idempotency-Key", extra={"attempts": msg.errors})
+        self._create(k, msg, step, item, report, remaining_ms, last=True)
+        return True
+
     def _create(self, k: SubmitKey, msg: DrainMessage, step: Step, item: dict[str, Any], report: DrainReport,
-                remaining_ms: Callable[[], int]) -> None:
+                remaining_ms: Callable[[], int], *, last: bool = False) -> None:
+        """The head's create; ``last``: its deadline passed (a replay): whatever Sume answers settles it."""
         kind, key = str(item["kind"]), str(item["idempotency_key"])
         params = json.loads(item["params"])
         budget = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
@@ -186,6 +212,14 @@ class Drainer:
             self._settle(item, REJECTED, error={"code": outcome.code or outcome.why, "message": outcome.message or ""},
                          http_status=outcome.http_status, request_id=outcome.request_id)
             report.rejected += 1
+            self._next(msg, step, 0.0)
+            return
+        if last:  # past its deadline: no answer again (or the key's refusal) - rejected, the outcome unknown
+            logger.error("a queued submission expired after create attempts of unknown outcome",
+                         extra={"attempts": msg.errors + 1, "http_status": outcome.http_status})
+            self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
+                         "before its deadline (SubmitQueueDeadlineSeconds)"}, unknown_attempts=msg.errors + 1)
+            report.expired += 1
             self._next(msg, step, 0.0)
             return
         retry_after = outcome.retry_after if not isinstance(outcome, Refused) else None

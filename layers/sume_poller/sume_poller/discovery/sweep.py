@@ -66,7 +66,7 @@ from typing import Any
 from ..config.keys import SumeKey, record_key
 from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
-from ..core.messages import RESULT_PHASE, STATUS_PHASE, PollMessage
+from ..core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
 from ..limits.budget import Budget
 from ..limits.lease import LeaseStore, new_token
@@ -444,7 +444,7 @@ class Sweeper:
             key=None if self.key is None or self.key.default else self.key.id)
         if canonical_terminal_status(sume_status) == "completed":  # its result read is the proof
             message = message.next(phase=RESULT_PHASE, seen_terminal_at=now,
-                                   outcome={"status": "completed", "sume_status": sume_status, "source": "list"})
+                                   outcome=Finding("completed", Source.LIST, sume_status))
         else:  # a failure is recorded only once the job's own status read says so
             message = message.next(phase=STATUS_PHASE)
         return Outgoing(job_id, message.to_json(), 0.0), f"{held.token}:{held.seq}*"

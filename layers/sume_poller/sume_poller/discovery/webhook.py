@@ -38,7 +38,7 @@ from typing import Any
 from ..config.keys import record_key
 from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, canonical_terminal_status, validate_job_id
-from ..core.messages import RESULT_PHASE, PollMessage
+from ..core.messages import RESULT_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe
@@ -197,12 +197,12 @@ class WebhookReceiver:
         return True
 
 
-def said(event_type: str, data: dict[str, Any]) -> dict[str, Any] | None:
+def said(event_type: str, data: dict[str, Any]) -> Finding | None:
     """What a verified delivery states: ``*.ready`` a completed job whose result is ready,
     ``*.failed`` a failure (its status and the error the body carries); None for any other type."""
     status = data.get("status") if isinstance(data.get("status"), str) else None
     if event_type.endswith(".ready"):
-        return {"status": "completed", "sume_status": (status or "completed").lower()[:64], "source": "webhook"}
+        return Finding("completed", Source.WEBHOOK, (status or "completed").lower()[:64])
     if not event_type.endswith(".failed"):
         return None
     canonical = canonical_terminal_status(status or "failed")
@@ -211,5 +211,4 @@ def said(event_type: str, data: dict[str, Any]) -> dict[str, Any] | None:
     raw = data.get("error")
     error = {k: str(raw[k])[:300] for k in ("code", "message") if isinstance(raw, dict) and raw.get(k)} or {
         "code": canonical, "message": f"Sume's webhook: the job {status or canonical}"}
-    return {"status": canonical, "sume_status": (status or canonical).lower()[:64], "error": error,
-            "source": "webhook"}
+    return Finding(canonical, Source.WEBHOOK, (status or canonical).lower()[:64], error)

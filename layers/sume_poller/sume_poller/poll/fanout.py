@@ -4,9 +4,12 @@ Each scheduled tick:
 
 1. the outbox partitions first: terminal jobs whose outbox is unfinished (say their message
    reached the dead-letter queue) get a message; the poll function finishes them without a
-   Sume read (and without a read slot). An outbox that stays unfinished (EventBridge failing)
-   is sent again only after doubling waits - one period, two, four... up to an hour - kept per
-   job in Redis (``!outbox:<job_id>``: sends so far and when the next is due);
+   Sume read (and without a read slot). An outbox whose publish claim is held (its record's
+   ``chain_due_at`` ahead: the terminal write that just made it, or whoever took it over, is
+   publishing) is left alone - that saves the message; publishing once rests on the claim itself
+   (:mod:`sume_poller.poll.outbox`). An outbox that stays unfinished (EventBridge failing) is sent
+   again only after doubling waits - one period, two, four... up to an hour - kept per job in
+   Redis (``!outbox:<job_id>``: sends so far and when the next is due);
 2. then, per Sume key (a :class:`Lane`: the key's own partitions of the pending index, its read
    budget and its cursor), the pending partitions from the cursor the last tick left in Redis, so
    under a backlog every partition is served in turn. Per page, one pipelined round trip tries to *start* a
@@ -62,6 +65,8 @@ class FanOutReport:
     pages: int = 0
     outbox_sent: int = 0
     outbox_backing_off: int = 0
+    #: Unfinished outboxes left alone this tick: their publish claim is held.
+    outbox_claimed: int = 0
     started: int = 0
     leased: int = 0
     skipped_unleased_chain: int = 0
@@ -265,8 +270,12 @@ class FanOut:
             while not self._out_of_time():
                 items, start = self.store.pending_page(f"o{shard:02d}", start, self.page_size)
                 self.report.pages += 1
-                # No lease for these: the poller reads the record and finishes the outbox, no Sume read.
-                jobs = self._outbox_due(self._valid(items))
+                # No lease for these: the poller takes the publish claim and finishes the outbox, no Sume read.
+                now = self.clock.now()
+                valid = self._valid(items)
+                free = [j for j in valid if float(j.get("chain_due_at") or 0) <= now]  # claimed: being published
+                self.report.outbox_claimed += len(valid) - len(free)
+                jobs = self._outbox_due(free)
                 self.report.outbox_sent += self._send([(j, new_token()) for j in jobs], lease=False)
                 if not start:
                     break

@@ -9,24 +9,34 @@ For each message (step ``n`` of chain ``T``)::
                                                    still needed (else finish its outbox); then the slot
       Redis cannot be asked                     -> the record's fence instead of the lease, this
                                                    container's outage pacer instead of the budget
-    past the deadline                           -> record timed_out
     not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
     no read slot now                            -> re-queue for the reserved slot (keeping the lease)
+    at or past the deadline                     -> the last read: what would re-queue records timed_out
     status phase: GET /jobs/{id} (a late chain of a webhook kind probes /result instead: deliveries.py)
       running / transient fault / 404 in its grace window -> re-queue at the next read time (cadence.py)
-      failed, canceled, expired                 -> record it
+      failed, canceled, expired                 -> record it                          (evidence status_read)
       completed, result_ready false             -> result phase: wait, reading the status (Sume's gate)
       completed (result ready, or no gate)      -> GET /jobs/{id}/result at once
       401, or 403 that the key check blames on the key -> pause every read key-wide
-      403 on this job only, or its key removed  -> record failed (key_removed: wiring/poll.py's RemovedKey)
-    result phase: GET /jobs/{id}/result         -> record it with the result (inline, or streamed to S3)
+      403 on this job only; 404 past its grace  -> record failed                      (evidence status_read)
+      another 4xx (400, 402, 410, 413, 422...)  -> re-queue on the error backoff (SumeReadRefused);
+                                                   repeated over the refusal window: record failed
+      its key removed                           -> record failed (wiring/poll.py's RemovedKey)  (key_removed)
+    result phase: GET /jobs/{id}/result         -> record it with the result          (evidence result_read)
       not there (404/409/425)                   -> a job only a list or webhook called finished: its status
                                                    read; else wait (result-phase backoff) until the deadline
-    recording (outbox.py): the conditional write, once; its outbox; the lease released
+      refused (403 with the key fine, 400, 410, 422...) -> only a list or webhook said finished: its
+                                                   status read; the status said completed: retried on the
+                                                   error backoff over the refusal window, then recorded
+                                                   completed, error result_refused     (evidence status_read)
+    a failure a verified webhook stated         -> record it, no read                 (evidence webhook)
+    recording (outbox.py): the conditional write, once, with the publish claim; its outbox; the lease released
 
-Only the job's own routes (or a verified webhook's signed word) make it terminal. Each step works on a
-:class:`~sume_poller.poll.step.Run` (the chain so far, what holds the job, its reads) and returns an
-:class:`~sume_poller.poll.step.Outcome` whose next message (``send``) the batch adapter sends with the batch's.
+Only the job's own routes (or a verified webhook's signed word) make it terminal, besides its
+deadline and a removed key; every record names its evidence (:class:`~sume_poller.core.jobs.Evidence`).
+Each step works on a :class:`~sume_poller.poll.step.Run` (the chain so far, what holds the job, its reads)
+and returns an :class:`~sume_poller.poll.step.Outcome` whose next message (``send``) the batch adapter
+sends with the batch's.
 """
 
 from __future__ import annotations
@@ -36,8 +46,8 @@ from typing import Any
 from ..config.settings import PollSettings
 from ..core.aws import AwsError
 from ..core.clock import Clock
-from ..core.jobs import PENDING, error_delay, result_wait_delay
-from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, PollMessage
+from ..core.jobs import PENDING, Evidence, error_delay, result_wait_delay
+from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
 from ..limits.gate import ReadGate
 from ..limits.lease import Claim, Step, new_nonce, new_token
@@ -48,9 +58,13 @@ from ..sume.client import Oversized, Pending, Refused, Result, ResultStream, Ret
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
 from .keycheck import KEY_PAUSE, KeyCheck
-from .outbox import Finisher, StepHook
+from .outbox import Finished, Finisher, StepHook
 from .results import keep_result
-from .step import AFTER_READ_REAL, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
+from .step import AFTER_READ_REAL, LAST_READ_WAIT, MIN_READ_REAL, PACED_HOP, Deadline, Outcome, Run, plan
+
+#: Re-queues that wait for a read slot (or for invocation time): a last read at the deadline still
+#: makes them; any other re-queue of a last read records the job timed_out instead.
+_SLOT_WAITS = frozenset({"budget_wait", "out_of_time"})
 
 
 class Poller:
@@ -61,7 +75,8 @@ class Poller:
         self.gate, self.sume, self.store, self.queue, self.cadence = gate, sume, store, queue, cadence
         #: Test seam: called after each named step; the fault suite raises from it to crash there.
         self.step_hook: StepHook | None = None
-        self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook)
+        self.finisher = Finisher(store, bus, self.clock, lambda: self.step_hook,
+                                 claim_ttl_real=settings.lease.claim_ttl)
         self.keys = KeyCheck(sume, self.clock, gate)
 
     def _step(self, name: str, job_id: str) -> None:
@@ -73,8 +88,9 @@ class Poller:
         if deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             # Not enough of the invocation left to finish a step: the same message goes back.
             return Outcome("out_of_time", send=Outgoing(msg.job_id, msg.to_json(), 0.0))
-        if msg.phase == OUTBOX_PHASE:  # fan-out's: the record says what is left; no lease, no read
-            return Outcome(self.finisher.settle(msg.job_id, self.store.get(msg.job_id), NoHold()))
+        if msg.phase == OUTBOX_PHASE:  # fan-out's: take the outbox's publish claim; no lease, no read
+            done = self.finisher.settle_outbox(msg.job_id, NoHold())
+            return Outcome(done.name, signals=done.signals)
         now = self.clock.now()
         msg = self.cadence.adjust(msg, now)
         p = plan(msg, now, clock=self.clock, max_delay=self.queue.max_delay, margin_real=self.s.lease.margin,
@@ -97,7 +113,7 @@ class Poller:
         if passage.claim is Claim.FRESH:  # the lease was free: does the job still need a read?
             record = self.store.get(msg.job_id)
             if record is None or record.get("status") != PENDING:
-                return run.outcome(self.finisher.settle(msg.job_id, record, run.hold))
+                return self._ended(run, self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
             if p.mode != "none":
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
@@ -110,13 +126,15 @@ class Poller:
                   FenceHold(self.store, msg.job_id, self.clock.from_real(self.s.lease.margin)), deadline)
         run.signal(failure)
         now = self.clock.now()
-        if hop is None and now < run.chain.deadline_at:
+        if hop is None:
             fence = self.store.fence(msg.job_id, run.chain.token or "", run.chain.seq, now=now,
                                      hold=self.clock.from_real(self.s.lease.claim_ttl))
             if not fence.won:
-                return run.outcome(self.finisher.settle(msg.job_id, fence.record, run.hold, duplicate=True))
+                return self._ended(run, self.finisher.settle(msg.job_id, fence.record, run.hold, duplicate=True))
             wait = run.chain.paced_at - now if run.chain.paced_at is not None else self.gate.pace()
             if wait > self.gate.budget.early:
+                if now >= run.chain.deadline_at and now + wait > run.chain.deadline_at + LAST_READ_WAIT:
+                    return self._timed_out(run, "no read slot at the deadline")
                 return self._requeue(run, due=now, name="budget_wait", paced_at=round(now + wait, 3))
             run.chain = run.chain.next(paced_at=None)
         return self._advance(run, hop, None)
@@ -124,25 +142,31 @@ class Poller:
     # -- the state machine ------------------------------------------------------------------------
     def _advance(self, run: Run, hop: float | None, grant: Any) -> Outcome:
         now, chain = self.clock.now(), run.chain
-        if now >= chain.deadline_at:
-            return self._timed_out(run)
+        run.final = now >= chain.deadline_at  # the last read: whatever would re-queue records timed_out
         if hop is not None:
             return self._requeue(run, due=chain.due_at, name="hopped", slot_at=chain.slot_at)
         if grant is not None and not grant.now:
             return self._wait_for_slot(run, grant)
         if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:
             return self._requeue(run, due=now, name="out_of_time")
-        facts = chain.outcome or {}
-        if chain.phase == RESULT_PHASE and facts.get("status") != "completed" and facts.get("source") == "webhook":
-            return self._finish(run, str(facts["status"]), facts.get("error"))  # Sume's signed word: no read
-        if chain.phase == RESULT_PHASE and (facts.get("status") != "completed" or facts.get("result_ready") is False):
-            run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
-            return self._read_status(run)
-        probe = chain.phase == STATUS_PHASE and self.cadence.probes(chain, now)  # a late chain: the result route
-        return self._fetch_result(run) if chain.phase == RESULT_PHASE or probe else self._read_status(run)
+        finding = chain.outcome
+        if chain.phase == RESULT_PHASE and finding is not None:
+            need = finding.next_read()
+            if need is None:  # Sume's signed word: no read
+                return self._finish(run, finding.status, finding.error, evidence=Evidence.WEBHOOK)
+            if need == STATUS_PHASE:
+                run.said = finding
+                run.chain = chain.next(phase=STATUS_PHASE, outcome=None)
+                return self._read_status(run)
+            return self._fetch_result(run)
+        # A late chain probes the result route; its last read at the deadline reads the status.
+        probe = chain.phase == STATUS_PHASE and not run.final and self.cadence.probes(chain, now)
+        return self._fetch_result(run) if probe else self._read_status(run)
 
     def _wait_for_slot(self, run: Run, grant: Any) -> Outcome:
         now = self.clock.now()
+        if run.final and not (grant.granted and now + grant.wait <= run.chain.deadline_at + LAST_READ_WAIT):
+            return self._timed_out(run, "no read slot at the deadline")
         if grant.granted:
             at = now + grant.wait
             return self._requeue(run, due=at, name="budget_wait", slot_at=at,
@@ -163,30 +187,29 @@ class Poller:
         if isinstance(reply, Refused):
             return self._refused(run, reply)
         self.keys.read_fine(run.chain.job_id)
+        run.last_status = reply.sume_status if not isinstance(reply, Pending) else reply.status
         if isinstance(reply, Pending):
             if reply.unknown_status:
-                logger.warning("unknown Sume status; treating it as not terminal",
-                               extra={"sume_status": reply.status, "request_id": reply.request_id})
+                logger.error("unknown Sume status; not terminal: the job is read on (its deadline caps it)",
+                             extra={"sume_status": reply.status, "request_id": reply.request_id})
                 run.signal("UnknownStatus")
             due, normal = self.cadence.next_read(run.chain, now, reply.next_poll_after)
             return self._requeue(run, due=due, name="stretched" if normal else "requeued", errors=0,
-                                 seen_running_at=now, normal_due=normal, found_by=None)
+                                 seen_running_at=now, normal_due=normal, found_by=None, refused_since=None)
         if run.chain.phase != RESULT_PHASE and (failure := self.cadence.found(run.chain, now, reply.status)):
             run.signal(failure)  # the find that proves (or disproves) sweeps' coverage was not kept
-        outcome = {"status": reply.status, "sume_status": reply.sume_status, "error": reply.error,
-                   "source": "status", "result_ready": reply.result_ready if reply.gated else None}
-        run.chain = run.chain.next(seen_terminal_at=run.chain.seen_terminal_at or now, errors=0,
-                                   outcome={k: v for k, v in outcome.items() if v is not None})
+        finding = Finding(reply.status, Source.STATUS, reply.sume_status, reply.error,
+                          reply.result_ready if reply.gated else None)
+        run.chain = run.chain.next(seen_terminal_at=run.chain.seen_terminal_at or now, errors=0, outcome=finding,
+                                   refused_since=None)
         if reply.status != "completed":
-            return self._finish(run, reply.status, reply.error)
+            return self._finish(run, reply.status, reply.error, evidence=Evidence.STATUS)
         run.chain = run.chain.next(phase=RESULT_PHASE)
         if not reply.result_ready:  # Sume's gate: the wait reads the status until it opens
             wait = max(reply.next_poll_after or 0.0, result_wait_delay(run.chain.result_waits, self.cadence.rng))
             return self._requeue(run, due=now + wait, name="result_not_ready", signal="ResultNotReady",
                                  result_waits=run.chain.result_waits + 1)
-        if now >= run.chain.deadline_at:  # the result at once, if the job may still be read...
-            return self._timed_out(run)
-        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # ...and the invocation has the time
+        if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # the result at once, if the invocation has the time
             return self._requeue(run, due=now, name="out_of_time")
         grant = self.gate.take("ahead")
         return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
@@ -208,15 +231,17 @@ class Poller:
             except (StreamTimeout, *AwsError) as exc:
                 logger.warning("result not stored; fetching it again", extra={"error": type(exc).__name__})
                 return self._transient(run, Retryable("result_not_stored"))
-            return self._finish(run, "completed", stored.pop("error", None), result=stored)
-        if isinstance(reply, Refused) and reply.why in ("key", "forbidden"):
-            return self._refused(run, reply)
+            return self._finish(run, "completed", stored.pop("error", None), result=stored, evidence=Evidence.RESULT)
+        if isinstance(reply, Refused) and reply.why == "removed":
+            return self._key_removed(run, reply)
+        if isinstance(reply, Refused) and reply.why in ("key", "forbidden") and (
+                verdict := self._key_verdict(run, reply)) is not None:
+            return verdict
         if reply.http_status in (404, 409, 425):  # not there (yet): Sume may say it with any of them
             return self._result_not_there(run, reply, now)
-        if isinstance(reply, Refused) and run.chain.phase == RESULT_PHASE:  # (a probe's: a status read next)
-            return self._finish(run, "completed", {"code": reply.code or f"http_{reply.http_status}",
-                                                   "message": reply.message or "Sume refused the result"})
-        return self._transient(run, reply if isinstance(reply, Retryable) else Retryable("probe_refused"))
+        if isinstance(reply, Refused):
+            return self._result_refused(run, reply, now)
+        return self._transient(run, reply)
 
     def _result_not_there(self, run: Run, reply: Retryable | Refused, now: float) -> Outcome:
         """A job only a list or webhook called completed goes back to a status read (once); else the
@@ -224,7 +249,7 @@ class Poller:
         if run.chain.phase == STATUS_PHASE:  # a probe: not completed yet (or failed): the next late read
             return self._requeue(run, name="probed", **self.cadence.late_read(run.chain, now))
         log = {"http_status": reply.http_status, "request_id": reply.request_id, "waits": run.chain.result_waits}
-        if (run.chain.outcome or {}).get("source") in ("list", "webhook"):
+        if run.chain.outcome is None or not run.chain.outcome.confirmed:
             logger.info("no result for a job reported finished; its status decides", extra=log)
             return self._requeue(run, due=now, name="unconfirmed", phase=STATUS_PHASE, outcome=None)
         since = now - (run.chain.seen_terminal_at or now)
@@ -233,7 +258,41 @@ class Poller:
         retry_after = reply.retry_after if isinstance(reply, Retryable) else None
         wait = retry_after if retry_after is not None else result_wait_delay(run.chain.result_waits, self.cadence.rng)
         return self._requeue(run, due=now + wait, name="result_not_ready", signal="ResultNotReady",
-                             result_waits=run.chain.result_waits + 1)
+                             result_waits=run.chain.result_waits + 1, refused_since=None)
+
+    def _result_refused(self, run: Run, reply: Refused, now: float) -> Outcome:
+        """The result route refused the result (a 403 with the key fine, a 400, 402, 410, 422...): never
+        an outcome by itself. A probe's: its status read next. Where only a list or a webhook said the job
+        finished: its status read now. Where its status route said completed: retried on the error
+        backoff over the refusal window, then recorded completed without the result, saying so."""
+        if run.chain.phase == STATUS_PHASE:
+            return self._transient(run, Retryable("probe_refused", http_status=reply.http_status,
+                                                  request_id=reply.request_id))
+        log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id}
+        if run.chain.outcome is None or not run.chain.outcome.confirmed:
+            logger.info("the result route refused a job reported finished; its status decides", extra=log)
+            return self._requeue(run, due=now, name="unconfirmed", phase=STATUS_PHASE, outcome=None)
+        said = f"HTTP {reply.http_status}" + (f" {reply.code}" if reply.code else "")
+        return self._refusal(run, reply, now, "completed", {
+            "code": "result_refused", "message": f"Sume's status route said completed; its result route refused the "
+                                                 f"result ({said}) for {self.s.jobs.refusal_window} s"})
+
+    def _refusal(self, run: Run, reply: Refused, now: float, status: str, error: dict[str, str]) -> Outcome:
+        """A per-job read refused with a status the contract does not name for it: counted
+        (``SumeReadRefused``, alarmed), re-queued on the error backoff, and recorded - ``status`` with
+        ``error`` - only once the refusals repeated over the refusal window."""
+        run.signal("SumeReadRefused")
+        since = run.chain.refused_since if run.chain.refused_since is not None else now
+        log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id,
+               "refused_for": round(now - since)}
+        if now - since < self.s.jobs.refusal_window:
+            logger.warning("Sume refused a read with a status its contract does not name for it; retried", extra=log)
+            errors = run.chain.errors + 1
+            return self._requeue(run, due=now + error_delay(errors, None, self.cadence.rng), name="refused",
+                                 errors=errors, refused_since=round(since, 3))
+        logger.error("Sume refused this job's reads over the refusal window; recording it", extra={**log,
+                     "status": status})
+        return self._finish(run, status, error, evidence=Evidence.STATUS)
 
     def _transient(self, run: Run, reply: Retryable) -> Outcome:
         errors = run.chain.errors + 1
@@ -243,50 +302,99 @@ class Poller:
         return self._requeue(run, due=self.clock.now() + delay, name="transient", errors=errors,
                              signal="SumeThrottled" if reply.http_status == 429 else None)
 
+    def _key_verdict(self, run: Run, reply: Refused) -> Outcome | None:
+        """A 401, or a 403 that may be the key's: pause every read key-wide when the key is refused, ask
+        again later when the key check has no evidence, None when only this job is refused."""
+        key_refused = reply.why == "key" or self.keys.refused(run.deadline)
+        if key_refused is None:  # no evidence either way (no read slot soon enough, no answer): ask again later
+            return self._transient(run, Retryable("key_check_waits", http_status=reply.http_status))
+        if not key_refused:
+            return None
+        logger.error("Sume refused the API key: every read paused", extra={
+            "http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id,
+            "pause_seconds": KEY_PAUSE})
+        self.gate.pause_key(KEY_PAUSE)
+        return self._requeue(run, due=self.clock.now() + KEY_PAUSE + self.cadence.rng.uniform(0, 30),
+                             name="key_rejected", signal="SumeAuthFailed")
+
     def _refused(self, run: Run, reply: Refused) -> Outcome:
+        """The job's status route refused it: 401/403 the key's or the job's, 404 lag or gone, else a
+        status its contract does not name for a job read."""
         now, chain = self.clock.now(), run.chain
         log = {"http_status": reply.http_status, "code": reply.code, "request_id": reply.request_id}
-        if reply.why == "not_found" and chain.phase != RESULT_PHASE:
+        if reply.why == "removed":
+            return self._key_removed(run, reply)
+        if reply.why == "not_found":
             submitted = chain.submitted_at or chain.deadline_at - self.s.jobs.max_age
             if now - submitted < self.s.jobs.not_found_grace:
                 logger.info("404 soon after submission (read-after-create lag); retrying", extra=log)
                 run.signal("NotFoundGrace")
                 return self._transient(run, Retryable("not_found_yet", http_status=404))
-        key_refused = reply.why == "key" or (reply.why == "forbidden" and self.keys.refused(run.deadline))
-        if key_refused is None:  # no read slot soon enough for the key check: ask again later
-            return self._transient(run, Retryable("key_check_waits", http_status=reply.http_status))
-        if key_refused:
-            logger.error("Sume refused the API key: every read paused", extra={**log, "pause_seconds": KEY_PAUSE})
-            self.gate.pause_key(KEY_PAUSE)
-            return self._requeue(run, due=now + KEY_PAUSE + self.cadence.rng.uniform(0, 30), name="key_rejected",
-                                 signal="SumeAuthFailed")
-        if reply.why == "removed":
-            run.signal("KeyRemoved")
-        logger.error({"forbidden": "Sume forbids this job (another workspace); recording it as failed",
-                      "removed": "the job's key is no longer configured; recording it as failed"}.get(
-                          reply.why, "Sume refused this job; recording it as failed"), extra=log)
-        return self._finish(run, "failed", {"code": reply.code or reply.why,
-                                            "message": reply.message or f"Sume answered {reply.http_status}"})
+        if reply.why in ("key", "forbidden") and (verdict := self._key_verdict(run, reply)) is not None:
+            return verdict
+        error = {"code": reply.code or reply.why, "message": reply.message or f"Sume answered {reply.http_status}"}
+        # Where this route said completed before (the wait on Sume's gate reads it), a refusal now does
+        # not turn that into a failure: recorded completed without the result, the refusal named.
+        status = "completed" if run.said is not None and run.said.confirmed and run.said.status == "completed" \
+            else "failed"
+        if reply.why not in ("forbidden", "not_found"):  # 400, 402, 410, 413, 422, 431...: a proxy's, a gateway's
+            return self._refusal(run, reply, now, status, {**error, "message": (
+                f"Sume's job route refused the job (HTTP {reply.http_status}) for {self.s.jobs.refusal_window} s: "
+                f"{error['message']}")[:300]})
+        logger.error("Sume forbids this job (another workspace); recording it" if reply.why == "forbidden"
+                     else "Sume does not know this job (404 past the read-after-create grace); recording it",
+                     extra={**log, "status": status})
+        return self._finish(run, status, error, evidence=Evidence.STATUS)
+
+    def _key_removed(self, run: Run, reply: Refused) -> Outcome:
+        """The job's key left the key configuration: no read is made. Recorded completed (without its
+        result) where Sume's own word already said so, else failed; error ``key_removed``."""
+        run.signal("KeyRemoved")
+        logger.error("the job's key is no longer configured; recording it", extra={"code": reply.code})
+        finding = run.chain.outcome
+        said = finding is not None and finding.evidence is not None
+        status = finding.status if said and finding is not None else "failed"
+        return self._finish(run, status, {"code": reply.code or "key_removed", "message": reply.message or ""},
+                            evidence=Evidence.KEY_REMOVED)
 
     # -- ending -----------------------------------------------------------------------------------
-    def _timed_out(self, run: Run) -> Outcome:
-        return self._finish(run, "timed_out", {"code": "result_not_ready" if run.chain.phase == RESULT_PHASE else
-                                               "deadline_exceeded", "message": "watched until the job's deadline"})
+    def _timed_out(self, run: Run, why: str | None = None) -> Outcome:
+        said_done = run.chain.phase == RESULT_PHASE or any(
+            f is not None and f.status == "completed" for f in (run.chain.outcome, run.said))
+        return self._finish(run, "timed_out", {
+            "code": "result_not_ready" if said_done else "deadline_exceeded",
+            "message": "watched until the job's deadline" + (f" ({why})" if why else "")}, evidence=Evidence.DEADLINE)
 
-    def _finish(self, run: Run, status: str, error: dict[str, str] | None, *,
+    def _finish(self, run: Run, status: str, error: dict[str, str] | None, *, evidence: Evidence,
                 result: dict[str, Any] | None = None) -> Outcome:
         chain = run.chain
-        ending = Ending(status, (chain.outcome or {}).get("sume_status"), error, result or {}, chain.reads,
-                        chain.result_reads, chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain")
-        name = self.finisher.record(chain.job_id, ending, run.hold)
-        return run.outcome(name, status=status if name == "terminal" else None)
+        said = chain.outcome or run.said
+        sume_status = run.last_status if said is None or run.last_status is not None else said.sume_status
+        ending = Ending(status, sume_status, error, result or {}, chain.reads, chain.result_reads,
+                        chain.seen_running_at, chain.seen_terminal_at, chain.found_by or "chain", evidence)
+        done = self.finisher.record(chain.job_id, ending, run.hold)
+        return self._ended(run, done, status=status if done.name == "terminal" else None)
+
+    @staticmethod
+    def _ended(run: Run, done: Finished, **fields: Any) -> Outcome:
+        run.signals.extend(done.signals)
+        return run.outcome(done.name, **fields)
 
     def _requeue(self, run: Run, *, due: float, name: str, signal: str | None = None, **changes: Any) -> Outcome:
-        """Rest the hold until the next step is due (never past the deadline); hand that step back."""
+        """Rest the hold until the next step is due (never past the deadline, but for a read slot at most
+        ``LAST_READ_WAIT`` past it); hand that step back. The last read at the deadline is not handed
+        back but recorded timed_out (unless it waits for its read slot or for invocation time)."""
+        if run.final and name not in _SLOT_WAITS:
+            if signal:
+                run.signal(signal)
+            return self._timed_out(run)
         now = self.clock.now()
-        due = min(max(due, now), float(run.chain.deadline_at))
+        limit = float(run.chain.deadline_at)
+        if changes.get("slot_at") is not None:
+            limit = max(limit, min(float(changes["slot_at"]), limit + LAST_READ_WAIT))
+        due = min(max(due, now), limit)
         nxt = run.chain.next(seq=run.chain.seq + 1, due_at=round(due, 3), **changes)
-        delay = min(max(due, nxt.paced_at or 0.0) - now, self.queue.max_delay)
+        delay = max(0.0, min(max(due, nxt.paced_at or 0.0) - now, self.queue.max_delay))
         if nxt.normal_due is not None:  # a stretched chain hops to check that sweeps still cover it
             delay = min(delay, self.s.discovery.check)
         if nxt.paced_at is not None:  # waiting for the outage pacer: back soon, in case Redis is
@@ -298,4 +406,3 @@ class Poller:
             return run.outcome("lease_lost")
         self._step("rested", run.chain.job_id)
         return run.outcome(name, send=Outgoing(run.chain.job_id, nxt.to_json(), delay), undo=run.hold.undo_rest)
-

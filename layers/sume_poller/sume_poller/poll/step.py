@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.clock import Clock
-from ..core.messages import RESULT_PHASE, PollMessage
+from ..core.messages import RESULT_PHASE, Finding, PollMessage
 from ..store.queue import Outgoing
 from .holds import Hold
 
@@ -25,6 +25,9 @@ AFTER_READ_REAL = 3.0
 #: While Redis is down, a step waiting for its outage-pacer slot comes back at least this often
 #: (clock seconds): once Redis answers again it reads at its own due time, not the pacer's.
 PACED_HOP = 30.0
+#: At its deadline a job gets one last read (clock seconds): the step accepts a read slot at most
+#: this far past the deadline (a binding budget's line), else it is recorded timed_out without it.
+LAST_READ_WAIT = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +49,21 @@ class Plan:
 
 def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin_real: float, claim_ttl_real: float,
          patience: Callable[[PollMessage, float], float]) -> Plan:
-    """What step ``msg`` asks of the gate at clock time ``now``."""
+    """What step ``msg`` asks of the gate at clock time ``now``. At or past the job's deadline a step
+    reads once more: it accepts a slot at most ``LAST_READ_WAIT`` past the deadline."""
     due = min(msg.due_at, float(msg.deadline_at))
     hop = due - now if due - now > HOP_TOLERANCE else None
     ttl = clock.to_real(min(hop, max_delay)) + margin_real if hop else float(claim_ttl_real)
-    facts = msg.outcome or {}
-    if hop or (msg.phase == RESULT_PHASE and facts.get("source") == "webhook" and facts.get("status") != "completed"):
+    if hop or (msg.phase == RESULT_PHASE and msg.outcome is not None and msg.outcome.next_read() is None):
         mode = "none"  # a hop reads nothing; nor does recording a failure a signed webhook stated
     elif msg.slot_at is not None:
         mode = "rconfirm" if msg.phase == RESULT_PHASE else "confirm"
     else:
         mode = "ahead" if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else "take"
-    return Plan(hop, max(1, int(ttl * 1000)), mode, patience(msg, now) if mode == "take" else math.inf)
+    wait = patience(msg, now) if mode == "take" else math.inf
+    if now >= msg.deadline_at and mode in ("take", "ahead"):
+        wait = min(wait, max(0.0, msg.deadline_at + LAST_READ_WAIT - now))
+    return Plan(hop, max(1, int(ttl * 1000)), mode, wait)
 
 
 class Deadline:
@@ -107,6 +113,13 @@ class Run:
     status_reads: int = 0
     result_reads: int = 0
     signals: list[str] = field(default_factory=list)
+    #: The job's deadline has passed: this step's read is its last (whatever would re-queue it records
+    #: ``timed_out`` instead), and the status that read found.
+    final: bool = False
+    last_status: str | None = None
+    #: What the chain knew of the job's end when this step set it aside to read the status (Sume's
+    #: gate: the wait reads the status): a refusal or the deadline then records what Sume had said.
+    said: Finding | None = None
 
     def read_status(self) -> None:
         self.status_reads += 1

@@ -8,18 +8,31 @@ The job record (key ``job_id``; numbers are clock seconds)::
                     terminal with its outbox not yet done; removed when the outbox is done: the
                     sparse index "pending" lists exactly these
     submitted_at, updated_at, deadline_at, idempotency_key?, sume_request_id?
-    chain_due_at    when the job's chain next reads (kept while Redis is down, and by submit)
+    chain_due_at    fan-out leaves the job alone until then: while pending, when the job's chain
+                    next reads (kept while Redis is down, and by submit); while its outbox is
+                    open, when the publish claim expires
     fence_token, fence_seq   the chain step that may read while Redis is down
     terminal_at, sume_status, error{code,message}?, reads, status_reads, result_reads
+    evidence        what the outcome rests on (:class:`~sume_poller.core.jobs.Evidence`): status_read |
+                    result_read | webhook | deadline | key_removed
     found_by        "chain" | "sweep" | "webhook": who learned first that the job was finished
     seen_running_at, seen_terminal_at   bounds of the completion time (for the learned schedule)
     result_json (inline, up to INLINE_RESULT_BYTES) | result_s3_key + result_bytes + result_content_type
     event_pending   set by the terminal write; cleared once the event is on the bus
+    event_claim     the token of the one actor that may publish the event, until chain_due_at
+    event_published_at   when the outbox was done
+    expires_at      set with that clearing when the deployment keeps jobs for a while (RETENTION_DAYS):
+                    real epoch seconds, the table's TTL attribute; never on a pending job or one
+                    still owing its event. DynamoDB deletes lazily: readers treat it as gone from then
 
 The exactly-once step is :meth:`JobStore.record_terminal`: a conditional write that wins only
-while the job is pending. The winner moves the job to the outbox partition; whoever finishes
-the outbox (this attempt, a redelivery, or a fan-out tick) records the observation, claims the
-result object, publishes the event and clears it.
+while the job is pending. The winner moves the job to the outbox partition and, in the same
+write, takes the *publish claim* (``event_claim`` until ``chain_due_at``). Only the claim's holder
+publishes: anyone else who finds the outbox open (a loser of the terminal write, a redelivery, a
+fan-out tick's outbox message) takes the claim first (:meth:`JobStore.claim_outbox`, a conditional
+write that wins only once the claim expired or was released) and otherwise leaves the outbox to its
+holder. The holder records the observation, claims the result object, publishes the event and
+clears the outbox (:mod:`sume_poller.poll.outbox`).
 
 Large results (:class:`ResultBucket`) are streamed to S3 before that write, each attempt to a key
 of its own (``results/<job_id>/<attempt>``) tagged ``sume-poller-attempt=unclaimed``: the record
@@ -45,14 +58,17 @@ import hashlib
 import json
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
+from ..config.settings import RESULT_UPLOAD_STREAMS
 from ..core.aws import AwsError, client, error_code
-from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, keyed_shard, shard_of
+from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_shard, shard_of
 from .submissions import QUEUED, queue_shard, submission_id
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
@@ -61,7 +77,10 @@ INLINE_RESULT_BYTES = 100_000
 ATTEMPT_TAG = ("sume-poller-attempt", "unclaimed")
 #: Large results streamed at once per container, and the piece of one held in memory: the bytes in
 #: flight are bounded by their product whatever a batch fetches (S3's multipart parts are >= 5 MiB).
-UPLOAD_STREAMS = 2
+UPLOAD_STREAMS = RESULT_UPLOAD_STREAMS
+#: The table's TTL attribute (template.yaml's TimeToLiveSpecification): real epoch seconds.
+EXPIRES_AT = "expires_at"
+DAY_SECONDS = 86_400
 UPLOAD_PART_BYTES = 8 * 1024 * 1024
 #: Observation slots per profile item: the newest job in a slot wins (bounded, recent-weighted).
 STATS_SLOTS = 200
@@ -113,6 +132,16 @@ class TerminalWrite:
     won: bool
     #: Won: the record as written. Lost: the record as it was, or None if it does not exist.
     record: dict[str, Any] | None = None
+    #: A won publish claim took over one its holder neither finished nor released (it expired).
+    took_over: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PublishClaim:
+    """The right to publish one job's terminal event: ``token`` holds it until ``until`` (clock seconds)."""
+
+    token: str
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +159,8 @@ class Ending:
     seen_terminal_at: float | None = None
     #: Who learned the job was finished: its chain, a sweep or a webhook.
     found_by: str = "chain"
+    #: What the outcome rests on (:class:`~sume_poller.core.jobs.Evidence`).
+    evidence: str = Evidence.STATUS
 
 
 class Readable(Protocol):
@@ -206,11 +237,16 @@ class ResultBucket:
 
 
 class JobStore:
-    def __init__(self, table: str, shards: int, ddb: Any = None, results: ResultBucket | None = None) -> None:
+    def __init__(self, table: str, shards: int, ddb: Any = None, results: ResultBucket | None = None, *,
+                 retention_days: int = 0, wall: Callable[[], float] = time.time) -> None:
         self.table = table
         self.shards = shards
         self._ddb = ddb or client("dynamodb")
         self.results = results
+        #: Days a finished record is kept once its outbox is done (0: forever).
+        self.retention_days = retention_days
+        #: Real time, for the TTL (DynamoDB compares it with the wall clock, never the functions' clock).
+        self._wall = wall
 
     # -- writes -------------------------------------------------------------------------------
     def put_pending(self, job_id: str, kind: str, *, now: float, deadline_at: int,
@@ -226,15 +262,18 @@ class JobStore:
         return self._conditional(self._ddb.put_item, TableName=self.table, Item=to_attrs(item),
                                  ConditionExpression="attribute_not_exists(job_id)")
 
-    def record_terminal(self, job_id: str, outcome: Ending, *, now: float) -> TerminalWrite:
-        """pending -> terminal, once. A loser gets the record as it was, without a second read."""
+    def record_terminal(self, job_id: str, outcome: Ending, *, now: float,
+                        claim: PublishClaim | None = None) -> TerminalWrite:
+        """pending -> terminal, once, the winner holding the publish ``claim``. A loser gets the record
+        as it was, without a second read."""
         values: dict[str, Any] = {
             "status": outcome.status, "terminal_at": int(now), "updated_at": int(now), "event_pending": True,
             "pending_shard": shard_of(job_id, self.shards, OUTBOX_PREFIX), "sume_status": outcome.sume_status,
             "error": outcome.error, "status_reads": outcome.status_reads, "result_reads": outcome.result_reads,
             "reads": outcome.status_reads + outcome.result_reads,
             "seen_running_at": outcome.seen_running_at, "seen_terminal_at": outcome.seen_terminal_at,
-            "found_by": outcome.found_by, **outcome.result,
+            "found_by": outcome.found_by, "evidence": str(outcome.evidence), **outcome.result,
+            **({"event_claim": claim.token, "chain_due_at": claim.until} if claim is not None else {}),
         }
         present = {k: v for k, v in values.items() if v is not None}
         names = {f"#a{i}": k for i, k in enumerate(present)}
@@ -254,13 +293,48 @@ class JobStore:
             return {"result_json": text.decode(), "result_bytes": len(text)}
         return self.results.put(job_id, text)
 
-    def clear_outbox(self, job_id: str, *, now: float) -> bool:
-        """The terminal event is on the bus: the job leaves the index. False if already done."""
+    def claim_outbox(self, job_id: str, claim: PublishClaim, *, now: float) -> TerminalWrite:
+        """Take the publish claim of an open outbox, once no one holds it (never claimed, released, or
+        expired at ``now``). Won: the record with this claim (``took_over``: from a holder that neither
+        finished nor released it). Lost: the record as it was (its outbox done, or claimed), or None."""
+        try:
+            reply = self._ddb.update_item(
+                TableName=self.table, Key=to_attrs({"job_id": job_id}),
+                UpdateExpression="SET event_claim = :t, chain_due_at = :until",
+                ConditionExpression="attribute_exists(event_pending) AND "
+                                    "(attribute_not_exists(chain_due_at) OR chain_due_at <= :now)",
+                ExpressionAttributeValues=to_attrs({":t": claim.token, ":until": claim.until, ":now": now}),
+                ReturnValues="ALL_OLD", ReturnValuesOnConditionCheckFailure="ALL_OLD")
+        except Exception as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            old = getattr(exc, "response", {}).get("Item")
+            return TerminalWrite(False, from_item(old) if old else None)
+        record = from_item(reply.get("Attributes") or {})
+        took_over = "event_claim" in record
+        return TerminalWrite(True, {**record, "event_claim": claim.token, "chain_due_at": claim.until}, took_over)
+
+    def release_claim(self, job_id: str, token: str) -> bool:
+        """The holder did not publish (it knows): the claim is free at once. False: not held by ``token``."""
         return self._conditional(
             self._ddb.update_item, TableName=self.table, Key=to_attrs({"job_id": job_id}),
-            UpdateExpression="REMOVE event_pending, pending_shard SET event_published_at = :now",
-            ConditionExpression="attribute_exists(event_pending)",
-            ExpressionAttributeValues=to_attrs({":now": int(now)}))
+            UpdateExpression="REMOVE event_claim SET chain_due_at = :zero",
+            ConditionExpression="event_claim = :t AND attribute_exists(event_pending)",
+            ExpressionAttributeValues=to_attrs({":t": token, ":zero": 0}))
+
+    def clear_outbox(self, job_id: str, *, now: float) -> bool:
+        """The terminal event is on the bus: the job leaves the index, and - with a retention - may
+        expire from now on (its TTL, only here: a record still owing its event never expires).
+        False if already done."""
+        values: dict[str, Any] = {":now": int(now)}
+        update = "REMOVE event_pending, pending_shard, event_claim SET event_published_at = :now"
+        if self.retention_days:
+            values[":expires"] = int(self._wall()) + self.retention_days * DAY_SECONDS
+            update += f", {EXPIRES_AT} = :expires"
+        return self._conditional(
+            self._ddb.update_item, TableName=self.table, Key=to_attrs({"job_id": job_id}),
+            UpdateExpression=update, ConditionExpression="attribute_exists(event_pending)",
+            ExpressionAttributeValues=to_attrs(values))
 
     def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
         """While Redis is down: let chain step ``token:seq`` read, once. Won: it may read (and

@@ -3,8 +3,9 @@
 Every call returns an outcome instead of raising, so the caller decides per job:
 
 * :class:`Pending`   - not terminal yet (maybe with Sume's ``next_poll_after_seconds``);
-* :class:`Terminal`  - terminal, by its status or by ``terminal: true`` (``terminal: false``
-  never overrides a terminal status);
+* :class:`Terminal`  - terminal, by its status (``terminal: false`` never overrides a terminal
+  status; ``terminal: true`` beside a status this project does not know is :class:`Pending` with
+  ``unknown_status``: the contract says an unknown status is not terminal);
 * :class:`Result`    - a completed job's result: any JSON value (its shape varies by job type),
   parsed when it is small; a larger one is a :class:`ResultStream` of the bytes as Sume sends
   them (the caller streams it to S3, never holding it whole), and one whose ``Content-Length``
@@ -14,7 +15,7 @@ Every call returns an outcome instead of raising, so the caller decides per job:
   Sume's ``Retry-After`` when it sent one;
 * :class:`Refused`   - Sume said no: ``why`` is "key" (401: the key), "forbidden" (403: this
   job's workspace, or the key's - the caller checks which), "not_found" (404), "credits"
-  (402) or "request" (another 4xx).
+  (402) or "request" (another 4xx: the caller retries it, see :mod:`sume_poller.poll.poller`).
 
 Every outcome carries the reply's rate-limit headers (:class:`~sume_poller.limits.budget.RateInfo`).
 Each call is bounded by a total time (the caller's budget for it); urllib3 retries once, and
@@ -274,13 +275,11 @@ def interpret_status(body: Any, request_id: str | None = None, rate: RateInfo = 
     result_ready = hint("result_ready")
     next_poll = _number(hint("next_poll_after_seconds"))
     state = classify_status(status)
-    # A terminal status is terminal whatever the flag says; ``terminal: true`` also ends a job
-    # whose status this project does not know.
-    terminal = state in (State.SUCCEEDED, State.FAILED) or hint("terminal") is True
-    if not terminal:
+    # A terminal status is terminal whatever the flag says. A status this project does not know is
+    # not terminal, ``terminal: true`` or not (the contract's rule: keep reading, report it loudly).
+    if state not in (State.SUCCEEDED, State.FAILED):
         return Pending(status, next_poll, state is State.UNKNOWN, request_id, rate)
-    succeeded = state is State.SUCCEEDED or (state is not State.FAILED and result_ready is True)
-    canonical = canonical_terminal_status(status, succeeded)
+    canonical = canonical_terminal_status(status)
     error = None
     raw_error = job.get("error")
     if canonical != "completed" and isinstance(raw_error, dict):

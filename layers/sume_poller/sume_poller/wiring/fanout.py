@@ -25,7 +25,8 @@ def parts() -> tuple[FanOutSettings, JobStore, PollQueue, LeaseStore, KeyRing, C
     lease = LeaseStore(client, s.redis.key_prefix)
     ring = key_ring(s.keys, limits(s.budget))  # fan-out reads the default key's partitions whatever it holds
     probe = budget_of(client, s.redis.key_prefix, ring.first(), "reads", s.common, s.budget.reserve_every)
-    return (s, JobStore(s.common.jobs_table, s.jobs.pending_shards), PollQueue(s.poll_queue_url, s.common.clock),
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, retention_days=s.common.retention_days)
+    return (s, store, PollQueue(s.poll_queue_url, s.common.clock),
             lease, ring, redis_check(read_gate(lease, probe, s.redis, s.budget, s.common), s.redis))
 
 

@@ -21,7 +21,7 @@ LOCAL_PRESIGN_CONFIG = Config(signature_version="s3v4", s3={"addressing_style": 
 #: 30 s Timeout, and a retried Invoke would run the submission again - one attempt, and the caller
 #: retries (the same Idempotency-Key replays). Below this function's own Timeout (template.yaml).
 INVOKE_READ_TIMEOUT_S = 35
-INVOKE_CONFIG = Config(read_timeout=INVOKE_READ_TIMEOUT_S, retries={"mode": "standard", "max_attempts": 1})
+INVOKE_CONFIG = Config(read_timeout=INVOKE_READ_TIMEOUT_S, retries={"mode": "standard", "total_max_attempts": 1})
 
 
 @once

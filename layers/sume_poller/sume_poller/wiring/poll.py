@@ -52,7 +52,8 @@ def parts() -> tuple[BatchRunner, ColdStartCheck]:
     ring = reader_ring(s.sume, s.keys, s.budget)
     lease = LeaseStore(client, prefix)
     queue = PollQueue(s.poll_queue_url, clock)
-    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, results=ResultBucket(s.result_bucket))
+    store = JobStore(s.common.jobs_table, s.jobs.pending_shards, results=ResultBucket(s.result_bucket),
+                     retention_days=s.common.retention_days)
     bus, models = EventBus(s.event_bus_name), ModelCache(store, clock.now)
     result_max = s.result_max_megabytes * 1_000_000
 

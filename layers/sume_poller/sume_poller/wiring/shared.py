@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config.keys import KeyRing, Limits, SumeKey
+from ..config.keys import KeyConfigError, KeyRing, Limits, SumeKey
 from ..config.settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
 from ..core.observability import MetricUnit, metrics
 from ..limits.budget import Budget, LocalPacer
@@ -47,9 +47,21 @@ def key_ring(keys: KeySettings, defaults: Limits, api_key: tuple[str, str] | Non
     config = Secret(keys.config_secret, "secretsmanager", max_age=keys.max_age)
 
     def read_config(force: bool) -> str:
+        """The key list's text; a list that does not exist (yet) is a configuration error the ring counts
+        (KeyConfigInvalid, alarmed) and, with no list read before, fails the call: serving the default key
+        alone would record every other key's jobs failed (key_removed)."""
+        from aws_lambda_powertools.utilities.parameters.exceptions import GetParameterError
+
         if force:
             config.invalidate()
-        return config()
+        try:
+            return config()
+        except GetParameterError as exc:
+            if "ResourceNotFoundException" not in str(exc):
+                raise
+            raise KeyConfigError(f"the key configuration {keys.config_secret} does not exist: create that Secrets "
+                                 'Manager secret ({"keys": {}} while there are no keys) or deploy with '
+                                 "SumeKeysSecretName empty") from None
 
     return KeyRing(keys.default_id, own, read_config=read_config, secret=Secret, defaults=defaults,
                    config_name=keys.config_secret, max_age=keys.max_age)
