@@ -100,6 +100,10 @@ MEMORY_GB = 0.5  # replaced by the template's FunctionMemorySize as created
 CPU_FACTOR = 1769 / 512
 #: Bytes a call moves through a NAT gateway (request, TLS and response headers, a small body).
 NAT_BYTES_PER_CALL = 3_000
+#: Lambda's own log lines per invocation in JSON format, ``platform.start`` (about 130 bytes) and
+#: ``platform.report`` (about 230: duration, billed duration, memory), written when the template's
+#: SystemLogLevel is INFO; the in-process stack has no platform to write them.
+PLATFORM_LOG_BYTES = 360
 #: Lambda's SQS event source: long polls of 20 s per queue while it is idle (poll and create queue).
 ESM_POLLERS, ESM_QUEUES = 5, 2
 #: A cold start's billed init (the layer's imports at 512 MB; figure 4 measures the ratio) and how
@@ -260,7 +264,8 @@ def _alarms(keys: int) -> tuple[int, int, int]:
     per-key alarms on (their defaults) and, with more than one key, a key configuration."""
     from tools.template import load
 
-    conditions = {None: True, "SweepsOn": True, "PerKeyAlarmsOn": True, "HasKeysSecret": keys > 1}
+    conditions = {None: True, "SweepsOn": True, "PerKeyAlarmsOn": True, "HasKeysSecret": keys > 1, "WebhooksOn": False,
+                  "MakeEventsQueue": False, "HasEventsTarget": False}
     metrics = insights = dashboards = 0
     for lid, resource in load()["Resources"].items():
         if resource["Type"] not in ("AWS::CloudWatch::Alarm", "AWS::CloudWatch::Dashboard"):
@@ -491,6 +496,14 @@ def metric_months(w: Window) -> float:
             + w.keys * sum(presence(n) for n in w.metrics_per_key.values()))
 
 
+def platform_log_bytes() -> int:
+    """PLATFORM_LOG_BYTES where template.yaml keeps Lambda's platform lines (SystemLogLevel INFO or DEBUG)."""
+    from tools.template import load
+
+    level = load()["Globals"]["Function"]["LoggingConfig"].get("SystemLogLevel", "INFO")
+    return PLATFORM_LOG_BYTES if level in ("INFO", "DEBUG") else 0
+
+
 def price_sume_poller(w: Window, deployment: Deployment) -> Bill:
     units, lam = _lambda_month(w, deployment.redis)
     bill = Bill()
@@ -510,7 +523,7 @@ def price_sume_poller(w: Window, deployment: Deployment) -> Bill:
     secret_calls, decrypts = _secret_reads(w.keys, containers)
     bill.add("Secrets Manager / SSM / KMS", secrets * P.SECRET_MONTH.value + secret_calls * P.SECRETS_CALL.value
              + decrypts * (P.SSM_CALL.value + P.KMS_REQUEST.value))
-    log_gb = units["log_bytes"] / 1e9
+    log_gb = (units["log_bytes"] + lam["requests"] * platform_log_bytes()) / 1e9
     bill.add("CloudWatch logs", log_gb * (P.CW_LOG_INGEST.value + P.CW_LOG_STORAGE.value))
     bill.add("CloudWatch metrics", metric_months(w) * P.CW_METRIC_MONTH.value)
     alarm_metrics, insights_alarms, dashboards = _alarms(w.keys)
@@ -564,7 +577,8 @@ def price_step_functions(w: Window, units: defaultdict[str, float], reads: float
     bill.add("DynamoDB storage + PITR", w.record_bytes * jobs / 1e9 * (P.DDB_STORAGE.value + P.DDB_PITR.value))
     bill.add("S3", units["s3_put"] * P.S3_PUT.value + units["s3_bytes"] / 1e9 * P.S3_STORAGE.value)
     bill.add("EventBridge", jobs * P.EVENTBRIDGE_EVENT.value)
-    bill.add("CloudWatch logs", jobs * reads * logs / 1e9 * (P.CW_LOG_INGEST.value + P.CW_LOG_STORAGE.value))
+    bill.add("CloudWatch logs", jobs * reads * (logs + platform_log_bytes()) / 1e9
+             * (P.CW_LOG_INGEST.value + P.CW_LOG_STORAGE.value))
     return bill
 
 
@@ -586,7 +600,8 @@ def price_due_index(w: Window, units: defaultdict[str, float]) -> Bill:
     bill.add("DynamoDB storage + PITR", w.record_bytes * jobs / 1e9 * (P.DDB_STORAGE.value + P.DDB_PITR.value))
     bill.add("S3", units["s3_put"] * P.S3_PUT.value + units["s3_bytes"] / 1e9 * P.S3_STORAGE.value)
     bill.add("EventBridge", jobs * P.EVENTBRIDGE_EVENT.value)
-    bill.add("CloudWatch logs", jobs * reads * logs / 1e9 * (P.CW_LOG_INGEST.value + P.CW_LOG_STORAGE.value))
+    bill.add("CloudWatch logs", (jobs * reads * logs + ticks * platform_log_bytes()) / 1e9
+             * (P.CW_LOG_INGEST.value + P.CW_LOG_STORAGE.value))
     return bill
 
 
