@@ -65,6 +65,7 @@ from typing import Any
 from bench import SCRATCH
 from bench import cost_prices as P
 from bench.cost_meter import Invocation, Meter, item_size
+from bench.fig_discovery import KINDS, LIST_CAPABLE, arrivals
 from bench.report import Row, info_row, plain, target_row
 
 LOADS = (("1k/day", 1_000), ("10k/day", 10_000), ("100k/day", 100_000))
@@ -76,9 +77,7 @@ def scale_for(per_key_day: float) -> float:
 
 
 TICK = 60.0  # clock seconds between the schedules' ticks (rate(1 minute))
-KINDS = {"image": (20.0, 0.4), "video": (360.0, 0.6), "ad_video": (720.0, 0.5)}  # figure 9's mix
 LARGE_SHARE, LARGE_BYTES = 0.02, 400_000
-LIST_CAPABLE = {"cursor": True, "order": "newest_first", "fields": "full"}
 PARAMETERS = {"ReadsPerMinute": 120, "ReadsPerDay": 10_000, "CreatesPerMinute": 0, "CreatesPerDay": 0,
               "Sweeps": "true"}
 #: Leases that outlast an in-process invocation at this clock (figure 9's); Sume timeouts to match.
@@ -180,13 +179,10 @@ class Window:
 # -- the run --------------------------------------------------------------------------------------
 
 
-def _arrivals(rate: float, span: float, rng: random.Random) -> list[tuple[float, str, float, bool]]:
-    out, t = [], 0.0
-    while (t := t + rng.expovariate(rate)) < span:
-        kind = rng.choice(list(KINDS))
-        median, sigma = KINDS[kind]
-        out.append((t, kind, round(median * math.exp(sigma * rng.gauss(0.0, 1.0)), 1), rng.random() < LARGE_SHARE))
-    return out
+def _arrivals(rate: float, span: float, seed: int) -> list[tuple[float, str, float, bool]]:
+    """Figure 9's Poisson stream of its mix, each job marked large-result (LARGE_SHARE of them)."""
+    rng = random.Random(seed + 1)
+    return [(at, kind, duration, rng.random() < LARGE_SHARE) for at, kind, duration in arrivals(rate, span, seed)]
 
 
 def chain_reads(kind: str, duration: float, model: Any, bounds: Any, rng: random.Random) -> int:
@@ -307,7 +303,7 @@ def run(per_key_day: float, *, warmup: float, window: float, seed: int) -> Windo
                             aws_access_key_id="testing", aws_secret_access_key="testing")
         meter = Meter(side, stack.outputs["JobsTableName"])
         result = Window("slice", round(per_key_day), 1, 1, window, 0, scale=scale)
-        plans = {"default": _arrivals(rate, warmup + window, rng)}
+        plans = {"default": _arrivals(rate, warmup + window, seed)}
         result.chain_reads = _chain_schedule(stack, plans["default"], warmup, window, seed)
         with meter.installed(stack.sim.port):
             _drive(stack, meter, plans, warmup, window, result)
