@@ -14,6 +14,8 @@
 #   make bench             benchmarks (BENCH_ARGS="--quick")
 #   make invoke FN=SubmitFunction EVENT=events/submit_image.json   Docker-free sam local invoke
 #   make sim               the Sume simulator on :8787
+#   make simulation        the interleaving simulation (tests/sim): SCHEDULES schedules from seed FIRST
+#                          (default 1000 from 1; WORKERS processes), or SEED=1234 to replay one step by step
 #   make status | models | redrive   a deployed stack: counts, the learned model per kind, DLQ
 #                          redrive (DLQ=poll|terminal-queue|terminal-target; STACK=name,
 #                          CONFIG_ENV=default|dev|prod; with
@@ -28,12 +30,14 @@ SAMVENV := .venv-sam
 MSVENV  := .venv-ministack
 CKVENV  := .venv-checkov
 UVVENV  := .venv-uv
+V313VENV := .venv-313
 PY      := $(VENV)/bin/python
 # Python entry points import the layer's package as Lambda does from /opt/python (pytest has
 # the same path in pyproject.toml). Not exported: ministack's Lambdas must use the built layer.
 PYRUN   := PYTHONPATH=layers/sume_poller $(PY)
 SAM     := $(SAMVENV)/bin/sam
-VENVS   := $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed
+VENVS   := $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed $(CKVENV)/.installed \
+           $(V313VENV)/.installed
 CONFIG_ENV ?= default
 FN      ?= PollFunction
 EVENT   ?= events/submit_image.json
@@ -46,7 +50,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup setup-dev setup-e2e setup-lint redis lint docs build test test-unit test-integration test-e2e demo bench invoke sim status \
-        models redrive migrate-keys logs clean
+        models redrive migrate-keys logs clean simulation
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
 # $(call venv,DIR,PIP-ARGS): scripts/venv.sh creates DIR if needed, installs with uv (log in
@@ -72,6 +76,16 @@ $(MSVENV)/.installed: scripts/requirements-ministack.txt $(UVVENV)/.installed
 # checkov pins boto3 exactly: a virtualenv of its own.
 $(CKVENV)/.installed: scripts/requirements-checkov.txt $(UVVENV)/.installed
 	$(call venv,$(CKVENV),-r scripts/requirements-checkov.txt)
+
+# Lambda's python3.13 runtime: Python 3.13 with the runtime's boto3, compiled at install like the
+# runtime's own (what runs on it starts with -B, as on Lambda's read-only /opt). Bench figure 4's
+# cold starts and the e2e tier's check of the built layer's bytecode run on it. The interpreter is
+# the one the layer's build compiles with (layers/sume_poller/Makefile finds it: PATH or pyenv).
+PY313 = $(shell $(MAKE) -s --no-print-directory -C layers/sume_poller python313)
+$(V313VENV)/.installed: scripts/requirements-313.txt $(UVVENV)/.installed
+	@test -n "$(PY313)" || { echo "no Python 3.13 (python3.13 on PATH or pyenv's versions/3.13*): install it"; exit 1; }
+	@./scripts/venv.sh $(V313VENV) $(PY313) "--compile-bytecode -r scripts/requirements-313.txt" \
+		$(filter-out $(UVVENV)/.installed,$^)
 
 # The benchmarks' plotting and fitting packages, only for make bench.
 $(VENV)/.bench-installed: bench/requirements.txt $(VENV)/.installed
@@ -121,12 +135,13 @@ test-e2e: setup
 # once checkov's and the docs packages are (those installs mostly wait on the package index, so
 # they start at once). (e2e builds the template itself, into a directory of its own.)
 test: redis
-	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs
+	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs simulation
 
 setup-dev: $(VENV)/.installed
 
 setup-e2e:
-	@$(MAKE) --no-print-directory -j3 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed
+	@$(MAKE) --no-print-directory -j4 $(VENV)/.installed $(SAMVENV)/.installed $(MSVENV)/.installed \
+		$(V313VENV)/.installed
 
 setup-lint:
 	@$(MAKE) --no-print-directory -j2 $(VENV)/.installed $(CKVENV)/.installed $(VENV)/.docs-installed
@@ -147,6 +162,13 @@ invoke: $(VENV)/.installed
 
 sim: $(VENV)/.installed
 	$(PYRUN) -m tools.sume_sim --port 8787
+
+# The interleaving simulation: many seeds, or one (SEED) replayed with its plan, steps and violations.
+SCHEDULES ?= 1000
+FIRST ?= 1
+WORKERS ?= 1
+simulation: $(VENV)/.installed
+	$(PYRUN) -m tests.sim $(if $(SEED),--seed $(SEED) --replay,--schedules $(SCHEDULES) --first $(FIRST) --workers $(WORKERS))
 
 status: $(VENV)/.installed
 	$(PYRUN) -m tools.ops status --config-env $(CONFIG_ENV) $(if $(STACK),--stack $(STACK))

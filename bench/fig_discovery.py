@@ -328,6 +328,7 @@ class Arm:
     read_share: float = 0.1  # the sweeps' lane
     duration_x: float = 1.0  # every duration of the mix times this
     label: str = ""
+    windows: str = "fixed"  # how the simulator counts its minute and day windows: fixed or sliding
 
 
 class JobFacts(NamedTuple):
@@ -383,7 +384,7 @@ class BigResult:
 
 def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: int,
             drain: float = 7_200.0, plan: list[tuple[Any, ...]] | None = None, day_at: float = 0.0,
-            spent: int = 0, stop: Callable[[BigResult], bool] | None = None) -> BigResult:
+            spent: int = 0, stop: Callable[[BigResult], bool] | None = None, lag: float = 0.0) -> BigResult:
     """Real Poller, Sweeper, WebhookReceiver, Budget and leases on a real redis-server, the
     simulator over HTTP, a virtual clock; the driver plays submit (the record and first message),
     SQS, the schedule's ticks (fan-out's pending count, the sweep function) and Sume's webhook
@@ -395,7 +396,9 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     keeps ``arm.pending`` pending). ``day_at``: the run starts this many clock seconds into a UTC
     day; ``spent``: reads of that day the limiter counts as spent before the run (its
     ``day_used``, as an earlier part of the day would have left it). ``stop``: asked at each tick,
-    True ends the run there (``aborted``; the window's reads are counted up to then)."""
+    True ends the run there (``aborted``; the window's reads are counted up to then). ``lag``: each
+    message sent to SQS arrives up to this many clock seconds after its delay (uniformly: SQS's and
+    Lambda's own latency, which a compressed clock magnifies); 0: at once."""
     import heapq
 
     from bench.fig_budget import START, VirtualClock
@@ -436,8 +439,10 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
     hooks = arm.webhook_loss is not None
     secret = "whsec_bench_" + uuid.uuid4().hex
     result = BigResult(arm.sweeps)
+    late = random.Random(seed + 1)
     with SumeSimulator(api_key=key, hints=False, clock=clock, deliver_webhooks=False,
                        read_budget={"per_minute": per_minute or None, "per_day": per_day or None},
+                       budget_windows={"minute": arm.windows, "day": arm.windows},
                        webhooks={"kinds": list(KINDS), "secret": secret, "loss": arm.webhook_loss or 0.0}
                        if hooks else None) as sim:
         sim.configure(list=dict(arm.list_config))
@@ -509,7 +514,8 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                 result.polls += 1
                 result.outcomes[outcome.name] += 1
                 if outcome.send is not None:
-                    push(clock.t + poller.queue.real_delay(outcome.send.delay), "msg", outcome.send.body)
+                    push(clock.t + poller.queue.real_delay(outcome.send.delay) + late.uniform(0.0, lag), "msg",
+                         outcome.send.body)
             elif what == "tick":
                 if clock.t > end and store.pending == 0:
                     break  # drained
@@ -519,7 +525,7 @@ def big_run(redis_url: str, arm: Arm, *, warmup: float, measure: float, seed: in
                 if stop is not None and stop(result):
                     result.aborted = True
                     break
-                budget.set_pending(pending)  # what fan-out counts and tells the limiter
+                budget.mailbox.set_pending(pending)  # what fan-out counts and tells the limiter
                 if arm.sweeps:
                     report = Sweeper(SweepSettings(arm.tick, read_share=arm.read_share), clock, sume=sume,
                                      store=store, queue=side_queue, lease=lease,  # type: ignore[arg-type]

@@ -65,10 +65,9 @@ def _clients(url: str) -> tuple[Any, Any]:
 
 
 def _run(endpoint: Endpoint, ids: list[str], leased: set[str], svc: Services, trials: int) -> dict[str, Any]:
-    from sume_poller.config.settings import FanOutSettings
     from sume_poller.core.messages import PollMessage
     from sume_poller.limits.lease import LeaseStore, new_token
-    from sume_poller.poll.fanout import FanOut
+    from sume_poller.poll.fanout import FanOut, FanOutSettings
     from sume_poller.store.queue import PollQueue
     from sume_poller.store.records import JobStore
     from sume_poller.wiring.shared import reads_budget

@@ -110,12 +110,13 @@ class RunResult:
 
 def run_once(svc: Services, sc: Scenario, *, lease_on: bool, submissions: list[tuple[str, dict[str, Any]]],
              fanout_every: float, seed: int, timeout: float, arrival_rate: float, concurrency: int) -> RunResult:
-    from sume_poller.config.settings import BudgetSettings, FanOutSettings, LeaseSettings, SubmitSettings
-    from sume_poller.creates.submit import Submitter, one_key
-    from sume_poller.limits.budget import Budget, LocalPacer
+    from sume_poller.config.settings import BudgetSettings, LeaseSettings
+    from sume_poller.creates.submit import SubmitSettings, Submitter, one_key
+    from sume_poller.limits.budget import Budget
     from sume_poller.limits.lease import LeaseStore
+    from sume_poller.limits.pacer import LocalPacer
     from sume_poller.poll.batch import BatchRunner
-    from sume_poller.poll.fanout import FanOut
+    from sume_poller.poll.fanout import FanOut, FanOutSettings
     from sume_poller.wiring.shared import reads_budget
 
     stack = svc.fresh()

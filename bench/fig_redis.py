@@ -127,7 +127,7 @@ def _lock_polls(svc: Services, url: str, port: int, n: int) -> _Meter:
     """Baseline: redis-py Lock acquire / budget take / read / extend or release, per poll."""
     import redis
 
-    from sume_poller.sume.client import Terminal
+    from sume_poller.sume.status import Terminal
     from sume_poller.wiring.shared import reads_budget
 
     settings = svc.settings()

@@ -35,9 +35,10 @@ from typing import Any
 
 import redis
 
-from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import Passage, ReadGate
 from sume_poller.limits.lease import Claim, LeaseStore, Step
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.poll.cadence import Cadence
 from sume_poller.poll.poller import Poller
 from sume_poller.store.events import EventBus
@@ -165,15 +166,8 @@ def virtual_poll_settings(clock: Any, *, sume_url: str, redis_url: str, prefix: 
                           schedule: Any, discovery: Any) -> Any:
     """PollSettings for a Poller driven by hand on a virtual clock (figures 8 and 9): leases long
     enough that no real-time TTL runs out while the virtual clock races ahead."""
-    from sume_poller.config.settings import (
-        Common,
-        JobSettings,
-        KeySettings,
-        LeaseSettings,
-        PollSettings,
-        RedisSettings,
-        SumeSettings,
-    )
+    from sume_poller.config.settings import Common, JobSettings, KeySettings, LeaseSettings, RedisSettings, SumeSettings
+    from sume_poller.poll.poller import PollSettings
 
     return PollSettings(
         common=Common("unused", clock, True), poll_queue_url="memory://", event_bus_name="unused",

@@ -40,7 +40,7 @@ class Services:
 
     def settings(self) -> Any:
         """The poll function's settings, from the environment the stack set."""
-        from sume_poller.config.settings import PollSettings
+        from sume_poller.poll.poller import PollSettings
 
         return PollSettings.from_env(os.environ)
 

@@ -3,13 +3,14 @@
 # (.scratch/logs/<tier>.log), and print a tier's log as soon as it finishes, so the output stays
 # readable. Exits non-zero if any of them failed.
 #
-#   scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs
+#   scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs simulation
 #
 # Comma-separated chains run side by side. In a chain, "@target" is a make target that installs
 # what the tiers after it need: a chain's first one starts at once, each later one when the one
 # before it is done, and the tiers after it start when it is done (a failed install fails them).
 # What has slack runs at a lower CPU priority (nice): the checks (lint, docs and their install)
-# most, the e2e tier's installs some (the e2e tier mostly waits; the integration tier is CPU-bound).
+# most, the e2e tier's installs and the interleaving simulation (1,000 schedules, about 35
+# CPU-seconds, beside lint and docs) some (the e2e tier mostly waits; the integration tier is CPU-bound).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -26,12 +27,13 @@ start_tier() {  # start_tier TIER [CHAIN]
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
     integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 4 --dist loadfile --durations=8) ;;
     e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e) ;;
+    simulation)  cmd=(env PYTHONPATH=layers/sume_poller "$PY" -m tests.sim --schedules 1000 --quiet) ;;
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
   esac
   case "$tier" in
     lint|docs|@setup-lint) cmd=(nice -n 10 "${cmd[@]}") ;;
-    @setup-e2e)       cmd=(nice -n 5 "${cmd[@]}") ;;
+    @setup-e2e|simulation) cmd=(nice -n 5 "${cmd[@]}") ;;
   esac
   ( started=$SECONDS
     "${cmd[@]}" >"$LOGS/$tier.log" 2>&1

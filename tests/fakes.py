@@ -23,7 +23,9 @@ from sume_poller.limits.lease import Claim, HandOver, Step, resting_value
 from sume_poller.store.events import PublishRefused, PublishUnknown
 from sume_poller.store.queue import Outgoing
 from sume_poller.store.records import Ending, PublishClaim, TerminalWrite
-from sume_poller.sume.client import Listing, Refused, Result, Retryable
+from sume_poller.sume.client import Refused, Retryable
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Result
 
 
 class FakeClock(Clock):
@@ -134,11 +136,15 @@ class FakeBudget:
         self.pending = 0
         self.patience: list[float] = []
         self.modes: list[str] = []
+        self.slots: list[float] = []
         self.counts: list[int] = []
         self.lane: tuple[float, float] | None = None
 
     def clock_to_real(self, seconds: float) -> float:
         return seconds
+
+    def now(self) -> float:
+        return 1_000.0
 
     def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0, count: int = 1) -> Grant:
         if self.down:
@@ -146,6 +152,7 @@ class FakeBudget:
         self.takes += 1
         self.patience.append(max_wait)
         self.modes.append(mode)
+        self.slots.append(slot)
         self.counts.append(count)
         return self.grants.pop(0) if self.grants else Grant(True, 0.0)
 
@@ -167,6 +174,13 @@ class FakeBudget:
         return self.spares
 
     oldest: float | None = None
+
+    @property
+    def mailbox(self) -> FakeBudget:  # the pending-count mailbox lives in the budget's hash
+        return self
+
+    def set_pending(self, count: int) -> None:
+        self.pending = count
 
     def set_oldest_pending(self, submitted: float) -> None:
         self.oldest = submitted
@@ -420,14 +434,14 @@ class FakeQueue:
 
 def status(name: str, hint: float | None = None, rate: RateInfo | None = None) -> Any:
     """A Pending reply (helper for scripts)."""
-    from sume_poller.sume.client import Pending
+    from sume_poller.sume.status import Pending
     return Pending(name, hint, rate=rate or RateInfo())
 
 
 def done(status_: str = "completed", ready: bool = True, error: dict[str, str] | None = None,
          gated: bool = True) -> Any:
     """A Terminal reply; ``gated``: it carried ``result_ready`` (Sume's gate for the result)."""
-    from sume_poller.sume.client import Terminal
+    from sume_poller.sume.status import Terminal
     return Terminal(status_, status_, ready, error, gated=gated)
 
 

@@ -5,18 +5,31 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import threading
 import uuid
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sume_poller.limits.budget import Budget, LocalPacer, RateInfo, granted_per_window, lane_burst
-from sume_poller.limits.gate import ReadGate
-from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.budget import (
+    BUDGET_LUA,
+    FEEDBACK,
+    TAKE,
+    Budget,
+    Grant,
+    Mode,
+    RateInfo,
+    granted_per_window,
+    lane_burst,
+)
+from sume_poller.limits.gate import GATE, ReadGate
+from sume_poller.limits.lease import CLAIM_ARGS, Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.pacer import LocalPacer
 
 pytestmark = pytest.mark.integration
 
@@ -46,6 +59,17 @@ def budget(rdb: redis.Redis, clock: VirtualClock, per_minute: int = 120, per_day
 
 def grants_per_window(times: list[float], window: float) -> Counter[int]:
     return Counter(int(t // window) for t in times)
+
+
+def most_in_a_minute(times: list[float]) -> int:
+    """The most of ``times`` in any 60 s, ``(t - 60, t]``: what a sliding minute counts (and more
+    than any fixed minute does)."""
+    ordered, most, first = sorted(times), 0, 0
+    for last, t in enumerate(ordered):
+        while ordered[first] <= t - 60:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
 
 
 def most_in_a_window(times: list[float], span: float) -> int:
@@ -103,10 +127,10 @@ def test_reads_ahead_of_the_line_never_overfill_a_window(rdb: redis.Redis, clock
 
 
 def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: redis.Redis, clock: VirtualClock) -> None:
-    b = budget(rdb, clock, per_minute=61)  # 57 a minute: a slot every 60/57 s
+    b = budget(rdb, clock, per_minute=61)  # a slot every 62.25/61 s (granted_per_window: the limit over PACE)
     slots = [clock() + b.take().wait for _ in range(120)]  # status reads reserved two minutes ahead
     result = b.take("ahead")
-    assert result.granted and result.wait == pytest.approx(60 / 57, abs=0.01)  # not at the end of the line
+    assert result.granted and result.wait == pytest.approx(60 / granted_per_window(61), abs=0.01)  # not at the end
     clock.advance(result.wait)
     assert b.take("rconfirm", slot=clock()).now  # its own slot is its own
     first = [s for s in slots if s <= clock()][-1]
@@ -115,6 +139,19 @@ def test_a_result_read_takes_the_place_of_the_next_reserved_status_read(rdb: red
     later = next(s for s in slots if s > clock())
     clock.advance(later - clock())
     assert b.take("confirm", slot=later).now  # the next one keeps its slot
+
+
+def test_a_result_read_goes_first_at_a_small_limit_too(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """At 5 reads a minute a line reserved 10 minutes ahead does not hold a finished job's result
+    read back: it takes the next status read's place (the read log keeps the place nobody gives up
+    from ever passing the limit); one place at a time, then the end of the line."""
+    b = budget(rdb, clock, per_minute=5)
+    slots = [clock() + b.take().wait for _ in range(50)]
+    interval = 60 / granted_per_window(5)
+    first = b.take("ahead")
+    assert first.granted and first.wait == pytest.approx(interval, abs=0.01)
+    second = b.take("ahead")  # the first has not given its place back yet: an interval before the next free slot
+    assert second.granted and second.wait == pytest.approx(slots[-1] - clock(), abs=0.01)
 
 
 def test_a_result_read_before_its_reserved_slot_reads_now_where_the_minute_has_room(rdb: redis.Redis,
@@ -167,7 +204,8 @@ def test_the_sweeps_lane_reads_now_however_far_chains_reserved_and_the_window_st
     assert sweeps >= 10 and len(lane) <= 4 * (600 // 60) + 12  # ...yet a sweep a minute reads at once
     assert most_in_a_window(reads + lane, 60) <= 120  # and together never more than the limit
     full = grants_per_window(reads, 60)
-    assert min(n for w, n in full.items() if w not in (min(full), max(full))) == granted_per_window(120, 0.1)
+    whole = [n for w, n in full.items() if w not in (min(full), max(full))]
+    assert min(whole) == math.floor(granted_per_window(120, 0.1))
 
 
 def test_with_the_lane_closed_a_list_read_only_goes_ahead_of_the_line(rdb: redis.Redis, clock: VirtualClock) -> None:
@@ -211,6 +249,51 @@ def test_the_line_spares_reads_for_sweeps_only_while_it_spends_less_than_an_even
     assert budget(rdb, clock, per_minute=120).spare(1_000, 0.1)  # no day limit: the minute decides alone
 
 
+def test_a_spare_read_is_refused_where_the_line_spends_more_than_an_evenly_spent_day(
+        rdb: redis.Redis, clock: VirtualClock) -> None:
+    """Mode spare is the limiter's own rule, checked in the script with the take: a sweep's list read
+    from the line only where the line spends less than an evenly spent day. (It matched no branch
+    and was taken as a status read is: wherever the day's reserve - here only the 5 % floor for jobs
+    to come, nothing pending - had room, on a state the sweep had read earlier in its tick.)"""
+    clock.advance(-(clock() % 86_400) + 18 * 3_600)  # 18:00: an even day keeps a quarter of the day
+    b = budget(rdb, clock, per_minute=120, per_day=10_000)
+    b.mailbox.set_pending(0)
+    rdb.hset(b.key, mapping={"day_used": 9_000, "day_reset": int((clock() + 6 * 3_600) * 1000)})
+    assert b.take(max_wait=0.0).now  # the reserve (125 reads for the 6 hours left) lets a status read by...
+    taken = b.state()
+    assert not b.spare(1, 0.0, taken)  # ...but the line spends more than an even day: nothing to spare
+    refused = b.take("spare", max_wait=0.0)
+    assert not refused.granted and refused.wait > 3_600  # not before the even day has caught up
+    assert b.state() == taken  # nothing reserved, nothing counted
+    assert taken["day_used"] == 9_001 and taken["status_taken"] == 1  # the status read's
+
+
+def test_every_mode_has_its_function_in_the_script_and_no_other(rdb: redis.Redis, clock: VirtualClock) -> None:
+    """budget.lua's MODES answers every Mode but NONE (the gate's: gate.lua returns before the take),
+    by the Mode's value; the script refuses a mode it has no function for, and Python a string that
+    is no Mode."""
+    lua = BUDGET_LUA + "local names = {} for name in pairs(MODES) do names[#names + 1] = name end return names"
+    assert set(rdb.eval(lua, 0)) == {m.value for m in Mode} - {Mode.NONE.value}
+    b = budget(rdb, clock)
+    with pytest.raises(redis.ResponseError, match="the budget has no mode bogus"):
+        rdb.evalsha(rdb.script_load(TAKE.source), 2, *b.keys, *TAKE.argv({**b.take_values(), "mode": "bogus"}))
+    with pytest.raises(ValueError, match="bogus"):
+        b.take("bogus")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="none"):
+        b.take(Mode.NONE)
+    assert "status_taken" not in b.state() and "minute_tat" not in b.state()  # nothing was taken
+
+
+def test_each_script_names_its_keys_and_arguments_in_its_header() -> None:
+    """The script files open with their KEYS and ARGV (as redis-py's lock.py documents its scripts);
+    the gate's are the lease claim's then the budget take's, in that order."""
+    assert TAKE.keys == FEEDBACK.keys == ("budget", "lane") and GATE.keys == ("lease", "budget", "lane")
+    assert TAKE.args[:2] == ("now_ms", "mode") and FEEDBACK.args[:2] == ("now_ms", "window")
+    assert GATE.args == CLAIM_ARGS + TAKE.args
+    for script in (TAKE, FEEDBACK, GATE):
+        assert script.source.count("= ARGV[") == len(script.args)
+
+
 def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: VirtualClock) -> None:
     b = budget(rdb, clock, per_minute=120, per_day=2_000)
     reads = drive(b, clock, 3 * 86_400, step=20.0)
@@ -222,12 +305,12 @@ def test_both_windows_hold_at_once_on_a_compressed_day(rdb: redis.Redis, clock: 
 
 
 def test_a_reservation_names_the_slot_and_spaces_the_next_ones(rdb: redis.Redis, clock: VirtualClock) -> None:
-    b = budget(rdb, clock, per_minute=61)  # 57 per minute after burst, spare and ahead: a slot every 60/57 s
+    b = budget(rdb, clock, per_minute=61)  # the limit over PACE: a slot every 62.25/61 s
     first = [b.take() for _ in range(4)]
     assert first[0].now and first[1].now  # the burst of one
     waits = [g.wait for g in first[2:]]
-    assert waits[0] == pytest.approx(60 / 57, abs=0.01)
-    assert waits[1] - waits[0] == pytest.approx(60 / 57, abs=0.01)
+    assert waits[0] == pytest.approx(60 / granted_per_window(61), abs=0.01)
+    assert waits[1] - waits[0] == pytest.approx(60 / granted_per_window(61), abs=0.01)
 
 
 def test_a_slot_further_than_max_wait_is_refused_and_reserves_nothing(rdb: redis.Redis, clock: VirtualClock) -> None:
@@ -271,6 +354,30 @@ def test_another_client_of_the_key_is_noticed_and_a_read_kept_in_reserve(rdb: re
     assert b.state()["other_until"] > clock() * 1000
     b.feedback(RateInfo(limit=120, remaining=1, reset=20.0))
     assert b.take(mode="confirm", slot=clock()).wait >= 20.0 - 0.01  # the last read stays in reserve
+
+
+def test_what_another_client_spends_of_sume_s_minute_is_kept_out_of_the_read_log(rdb: redis.Redis,
+                                                                                 clock: VirtualClock) -> None:
+    """Sume says 3 of 10 are left in its minute where the read log holds 3 of ours: another client
+    spent 4, so the log holds at most 6 of ours - the seventh read waits for the log's room though
+    the line has its slot - until a reply shows the other client gone."""
+    b = budget(rdb, clock, per_minute=10)
+    interval = 60 / granted_per_window(10) + 0.01  # a line slot each time (the clock in ms)
+    reads = []
+    for _ in range(3):
+        assert b.take(max_wait=0.0).now
+        reads.append(clock())
+        clock.advance(interval)
+    b.feedback(RateInfo(limit=10, remaining=3, reset=1.0, policy=((60, 10),)))  # sliding: one leaves in 1 s
+    assert b.state()["other_reads"] == 4
+    for _ in range(3):
+        assert b.take(max_wait=0.0).now
+        reads.append(clock())
+        clock.advance(interval)
+    held = b.take(max_wait=0.0)
+    assert not held.granted and clock() + held.wait >= reads[0] + 61  # once the first of ours leaves the log
+    b.feedback(RateInfo(limit=10, remaining=8, reset=1.0, policy=((60, 10),)))  # the other client stopped
+    assert b.state()["other_reads"] == 0 and b.take(max_wait=0.0).now
 
 
 def test_low_remaining_slows_every_reader_down_to_fit_the_window(rdb: redis.Redis, clock: VirtualClock) -> None:
@@ -379,13 +486,81 @@ def test_python_mirrors_the_lua_minute_exactly(rdb: redis.Redis, limit: int, sha
     if share:
         b.open_lane(share, clock() + 3_600)
     per = granted_per_window(limit, share)
-    slots = [b.take().wait for _ in range(12 * per)]
+    slots = [b.take().wait for _ in range(math.ceil(12 * per))]
     in_ten = [w for w in slots if 60.0 <= w < 660.0]
     assert abs(len(in_ten) - 10 * per) <= 1, (len(in_ten), per)
-    if share:
-        burst = lane_burst(limit, share)
+    burst = lane_burst(limit, share)
+    if burst:  # a lane is open (a limit of 1 keeps none: its one read a minute is the line's)
         assert b.take("list", max_wait=0.0, count=burst).now
         assert not b.take("list", max_wait=0.0).now
+
+
+#: One request of a random stream: seconds the clock moves first, then what is asked.
+STEP = st.tuples(
+    st.sampled_from([0.0, 0.0, 0.05, 0.25, 0.5, 1.0, 2.5, 7.0, 20.0]),
+    st.one_of(
+        st.tuples(st.sampled_from(["take", "ahead"]), st.sampled_from([math.inf, 0.0, 3.0, 60.0])),
+        st.tuples(st.sampled_from(["list", "spare"]), st.integers(1, 9)),
+        st.tuples(st.just("peek"), st.just(0)),
+        st.tuples(st.just("early"), st.integers(0, 50)),  # a reserved read comes back before its slot
+        st.tuples(st.just("feedback"), st.tuples(st.integers(0, 150), st.integers(1, 60),
+                                                 st.sampled_from([None, None, 1.0, 20.0]), st.sampled_from("md"))),
+        st.tuples(st.just("lane"), st.sampled_from([0.0, 0.1, 0.25])),
+        st.tuples(st.just("pending"), st.integers(0, 500)),
+    ))
+
+
+@given(limit=st.integers(min_value=1, max_value=150), per_day=st.sampled_from([0, 500, 10_000]),
+       early=st.sampled_from([0.0, 0.5]), late=st.sampled_from([0.0, 1.0, 15.0, 40.0]),
+       stream=st.lists(STEP, min_size=40, max_size=300), rng=st.randoms(use_true_random=False))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_no_60_seconds_ever_hold_more_grants_than_the_minute_s_limit(rdb: redis.Redis, limit: int, per_day: int,
+                                                                    early: float, late: float,
+                                                                    stream: list[tuple[float, Any]],
+                                                                    rng: random.Random) -> None:
+    """Whatever Sume counts - fixed minutes or the 60 s before each read - a read granted now is one
+    Sume counts. For random streams of every mode (status reads, results ahead of the line, sweeps'
+    lane and spare reads with their pages, peeks, reserved reads confirmed at their slot or up to
+    ``late`` seconds after it (each its own delay: SQS, a busy poller) or handed over before it,
+    Sume's headers and 429s, the lane opening
+    and closing, the pending count), the reads granted now never number more than the limit in any
+    60 s, ``(t - 60, t]``."""
+    clock = VirtualClock()
+    b = Budget(rdb, f"t:slide:{uuid.uuid4().hex}:{{reads}}", limit, per_day, clock, early=early)
+    reads: list[float] = []
+    reserved: list[tuple[float, float, str]] = []  # (when its message is back, its slot, the mode confirming it)
+
+    def grant(g: Grant, count: int, confirm: str) -> None:
+        if g.now:
+            reads.extend([clock()] * count)
+        elif g.granted:
+            slot = clock() + g.wait
+            reserved.append((slot + rng.uniform(0.0, late), slot, confirm))
+
+    for advance, (what, arg) in stream:
+        clock.advance(advance)
+        for back in sorted(r for r in reserved if r[0] <= clock()):
+            reserved.remove(back)
+            grant(b.take(back[2], slot=back[1]), 1, back[2])
+        if what in ("take", "ahead"):
+            grant(b.take(what, max_wait=arg), 1, "rconfirm" if what == "ahead" else "confirm")
+        elif what in ("list", "spare"):
+            grant(b.take(what, max_wait=0.0, count=arg), arg, "confirm")
+        elif what == "peek":
+            b.take("peek")
+        elif what == "early" and reserved:
+            _, slot, mode = reserved.pop(arg % len(reserved))
+            grant(b.take(mode, slot=slot), 1, mode)
+        elif what == "feedback":
+            remaining, reset, retry_after, window = arg
+            b.feedback(RateInfo(limit=limit if window == "m" else per_day or None, remaining=min(remaining, limit),
+                                reset=float(reset), retry_after=retry_after,
+                                policy=((60, limit), *(((86_400, per_day),) if per_day else ()))))
+        elif what == "lane":
+            b.open_lane(arg, clock() + (3_600 if arg else -1))
+        elif what == "pending":
+            b.mailbox.set_pending(arg)
+    assert most_in_a_minute(reads) <= limit, (most_in_a_minute(reads), limit)
 
 
 def test_the_day_is_a_total_spent_at_the_minute_pace_while_it_keeps_its_reserve(rdb: redis.Redis,
@@ -395,7 +570,7 @@ def test_the_day_is_a_total_spent_at_the_minute_pace_while_it_keeps_its_reserve(
     the day covers the reserve; then reads are spaced so that it lasts; the day never exceeds 2,000."""
     clock.t = 1_800_000_000.0 - 1_800_000_000.0 % 86_400  # midnight, UTC
     b = Budget(rdb, "t:day:{reads}", 120, 2_000, clock, early=0.0, reserve_every=900.0)
-    b.set_pending(5)  # the reserve: 5 jobs x 96 reads a day, plus 5 % for jobs to come: 580
+    b.mailbox.set_pending(5)  # the reserve: 5 jobs x 96 reads a day, plus 5 % for jobs to come: 580
     first_hour = drive(b, clock, 3_600, step=0.25)
     assert len(first_hour) >= 2_000 - 580, len(first_hour)  # an evenly spent day would give 83
     rest = drive(b, clock, 86_400 - 3_600, step=5.0)

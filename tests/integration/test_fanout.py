@@ -12,11 +12,10 @@ import boto3
 import pytest
 import redis
 
-from sume_poller.config.settings import FanOutSettings
 from sume_poller.core.clock import Clock
 from sume_poller.limits.budget import Budget, granted_per_window
 from sume_poller.limits.lease import LeaseStore
-from sume_poller.poll.fanout import FanOut
+from sume_poller.poll.fanout import FanOut, FanOutSettings
 from sume_poller.store.queue import PollQueue
 from sume_poller.store.records import Ending, JobStore, PublishClaim
 from tools.services import RedisServer
@@ -57,8 +56,10 @@ def queued(parts: dict[str, object]) -> Counter[str]:
 
 
 def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_twice(parts: dict[str, object]) -> None:
+    per_minute = int(granted_per_window(25))  # whole chains of what the line grants a minute at 25/min
+    jobs = 3 * per_minute + 4  # three ticks' worth and a few
     store: JobStore = parts["store"]  # type: ignore[assignment]
-    for i in range(70):
+    for i in range(jobs):
         store.put_pending(f"job_{i:03d}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
     for i in range(3):  # terminal jobs whose event was never published (their message went to the DLQ)
         store.put_pending(f"done_{i}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
@@ -67,12 +68,11 @@ def test_under_a_backlog_every_partition_is_served_in_turn_and_no_job_is_sent_tw
     assert reports[0].outbox_sent == 3  # the outbox first (it costs no read)...
     assert reports[1].outbox_sent == 0 and reports[1].outbox_backing_off == 3  # ...then after doubling waits
     per_tick = [r.started for r in reports]
-    per_minute = granted_per_window(25)  # 25/min less burst, spare and the read-ahead interval
-    assert per_tick[:3] == [per_minute] * 3 and sum(per_tick) == 70  # per 60 s tick
+    assert per_tick[:3] == [per_minute] * 3 and sum(per_tick) == jobs  # per 60 s tick
     sent = queued(parts)
     assert {j: n for j, n in sent.items() if j.startswith("job_") and n != 1} == {}
-    assert len([j for j in sent if j.startswith("job_")]) == 70
-    assert reports[3].round_complete and reports[0].pending_counted == 70
+    assert len([j for j in sent if j.startswith("job_")]) == jobs
+    assert reports[3].round_complete and reports[0].pending_counted == jobs
     budget: Budget = parts["budget"]  # type: ignore[assignment]
     assert budget.state()["oldest_pending"] == int(NOW)  # how far back sweeps need to page
 
@@ -105,7 +105,7 @@ def test_a_fraction_of_a_start_left_ends_the_tick(parts: dict[str, object]) -> N
         store.put_pending(f"job_{i:03d}", "image", now=NOW, deadline_at=int(NOW) + 3_600)
     fanout = tick(parts)
     report = fanout.report
-    assert report.started == granted_per_window(25) and report.pages < 10 and not report.stopped_early
+    assert report.started == int(granted_per_window(25)) and report.pages < 10 and not report.stopped_early
 
 
 def test_a_tick_that_reads_every_partition_whole_counts_from_its_pages_not_a_second_read(

@@ -13,9 +13,10 @@ import redis
 from sume_poller.config.settings import RedisSettings
 from sume_poller.core.jobs import KINDS
 from sume_poller.discovery.coverage import FOUND_MAX, FOUND_MAX_AGE, CoverageStore
-from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import ReadGate
 from sume_poller.limits.lease import LeaseStore
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.limits.redisconn import (
     MISCONFIGURED,
     UNAVAILABLE,

@@ -13,9 +13,10 @@ import redis
 from redis.exceptions import RedisError
 
 from sume_poller.config.settings import RedisSettings
-from sume_poller.limits.budget import Budget, LocalPacer
+from sume_poller.limits.budget import Budget
 from sume_poller.limits.gate import ReadGate
 from sume_poller.limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.limits.redisconn import connect, reconnect
 from tools.faultproxy import FaultProxy
 from tools.services import RedisCluster, RedisServer

@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from sume_poller import runtime
-from sume_poller.config.settings import PollSettings
 from sume_poller.core.aws import client
 from sume_poller.core.messages import PollMessage
 from sume_poller.limits.lease import new_token
+from sume_poller.poll.poller import PollSettings
 from sume_poller.store.records import UPLOAD_PART_BYTES, UPLOAD_STREAMS
 from tools.template import Provisioned
 

@@ -645,6 +645,72 @@ def test_other_consumer_lowers_remaining(client: Client) -> None:
         assert after["other"] == after["other_served"]
 
 
+@pytest.mark.parametrize("kind", ["fixed", "sliding"])
+def test_a_minute_window_is_fixed_or_slides(make_client: Callable[..., Client], kind: str) -> None:
+    """Three reads a minute, 20 s apart from half a second into a minute, a fourth at 59.5 refused,
+    and one more once its Retry-After has passed: a fixed window lets it through at the minute's
+    edge; a sliding one counts the 60 s before each attempt (refused ones too), so at 80.5."""
+    wall = FakeWall()
+    client = make_client(clock=Clock(1.0, wall=wall), read_budget={"per_minute": 3},
+                         budget_windows={"minute": kind})
+    job_id = client.create()
+    replies = []
+    for step in (0.0, 20.0, 20.0, 19.0):  # t = 0.5, 20.5, 40.5, 59.5 into a minute
+        wall.advance(step)
+        replies.append(client.api("GET", f"/jobs/{job_id}"))
+    assert [r.status for r in replies] == [200, 200, 200, 429]
+    assert_envelope(replies[3], 429, "rate_limit_exceeded")
+    assert [int(r.headers["RateLimit-Remaining"]) for r in replies] == [2, 1, 0, 0]
+    retry = int(replies[3].headers["Retry-After"])
+    # Reset: a fixed window's end; a sliding one's oldest attempt leaving it (here 0.5's: the same).
+    assert [int(r.headers["RateLimit-Reset"]) for r in replies] == [60, 40, 20, 1]
+    assert retry == (1 if kind == "fixed" else 21)  # sliding: once 0.5 and 20.5 have left the window
+    if kind == "sliding":
+        wall.advance(retry - 1)
+        assert client.api("GET", f"/jobs/{job_id}").status == 429  # 60.5: a fixed window would pass it
+        retry = int(client.api("GET", f"/jobs/{job_id}").headers["Retry-After"])  # each attempt counts
+        assert retry == 40  # 40.5 must leave too: (40.5, 100.5] holds 59.5, 60.5 (twice) and the read
+        wall.advance(retry)
+    else:
+        wall.advance(retry)
+    assert client.api("GET", f"/jobs/{job_id}").status == 200
+    minute = client.ctl("GET", "/budget").json()["reads"]["60"]  # whatever the kind: per fixed minute
+    assert sum(w["served"] for w in minute) == 4 and max(w["served"] for w in minute) == 3
+    assert client.ctl("GET", "/config").json()["budget_windows"] == {"minute": kind, "day": "fixed"}
+
+
+def test_a_sliding_day_counts_the_24_hours_before_each_read(make_client: Callable[..., Client]) -> None:
+    wall = FakeWall()
+    wall.advance(-(wall() % 86_400) + 23 * 3_600)  # 23:00 UTC
+    client = make_client(clock=Clock(1.0, wall=wall), read_budget={"per_day": 2},
+                         budget_windows={"minute": "sliding", "day": "sliding"})
+    job_id = client.create()
+    assert client.api("GET", f"/jobs/{job_id}").status == 200
+    wall.advance(3_600)  # midnight: a fixed day would have one read left
+    assert client.api("GET", f"/jobs/{job_id}").status == 200
+    refused = client.api("GET", f"/jobs/{job_id}")
+    assert refused.status == 429 and refused.headers["RateLimit-Policy"] == "2;w=86400"
+    assert int(refused.headers["Retry-After"]) == 86_400  # until midnight's two attempts have left
+    wall.advance(86_400 - 1)
+    assert client.api("GET", f"/jobs/{job_id}").status == 429
+    wall.advance(86_400)
+    assert client.api("GET", f"/jobs/{job_id}").status == 200
+
+
+def test_a_sliding_window_counts_the_other_consumer_and_rejects_unknown_kinds(
+        make_client: Callable[..., Client]) -> None:
+    wall = FakeWall()
+    client = make_client(clock=Clock(1.0, wall=wall), read_budget={"per_minute": 10}, other_consumer_share=0.5,
+                         budget_windows={"minute": "sliding"})
+    job_id = client.create()
+    reply = client.api("GET", f"/jobs/{job_id}")  # the other client spent 5 of the last 60 s: 12 s apart
+    assert reply.status == 200 and reply.headers["RateLimit-Remaining"] == "4"
+    rejected = client.ctl("POST", "/config", {"budget_windows": {"minute": "rolling"}})
+    assert rejected.status == 400 and "budget_windows.minute" in rejected.json()["error"]["message"]
+    assert client.ctl("POST", "/config", {"budget_windows": {"hour": "fixed"}}).status == 400
+    assert client.ctl("GET", "/config").json()["budget_windows"]["minute"] == "sliding"
+
+
 # ---------------------------------------------------------------------------- list
 
 

@@ -11,13 +11,13 @@ import pytest
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume, retry
 
 from sume_poller.config.keys import Limits, SumeKey
-from sume_poller.config.settings import SubmitSettings
 from sume_poller.creates.createqueue import EXPIRED, DrainMessage, DrainMessageError, drain_lease, estimate_create_at
 from sume_poller.creates.drain import Drainer, DrainReport
-from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, Submitter, one_key
-from sume_poller.limits.budget import Grant
+from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, SubmitSettings, Submitter, one_key
+from sume_poller.limits.budget import Grant, granted_per_window
 from sume_poller.store.submissions import CREATED, QUEUED, REJECTED, queue_item_id, submission_id
-from sume_poller.sume.client import Created, Refused
+from sume_poller.sume.client import Refused
+from sume_poller.sume.created import Created
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379", "CREATE_QUEUE_URL": "cq",
@@ -65,15 +65,18 @@ def test_queue_items_sort_in_arrival_order_and_two_in_one_millisecond_differ() -
 
 def test_the_estimate_paces_the_minute_and_spills_into_the_next_day_window() -> None:
     now = 86_400.0 * 20_000 + 3_600  # an hour into a UTC day
-    # 10 a minute grants 8 (granted_per_window): one create every 7.5 s after the next free slot.
+    # 10 a minute grants 9.64 (granted_per_window: the limit over 62.25 s): one create every 6.225 s
+    # after the next free slot.
+    step = 60 / granted_per_window(10)
+    assert step == pytest.approx(6.225)
     assert estimate_create_at(now, 0, 2.0, 10, 300, {}) == now + 2.0
-    assert estimate_create_at(now, 4, 2.0, 10, 300, {}) == now + 2.0 + 4 * 7.5
+    assert estimate_create_at(now, 4, 2.0, 10, 300, {}) == now + 2.0 + 4 * step
     # 3 a day, 1 used: the first two ahead take this window's last two; the third waits for the next.
     reset = 86_400.0 * 20_001
     state = {"day_used": 1.0, "day_reset": reset * 1000}
-    assert estimate_create_at(now, 1, 0.0, 10, 3, state) == now + 7.5
+    assert estimate_create_at(now, 1, 0.0, 10, 3, state) == now + step
     assert estimate_create_at(now, 2, 0.0, 10, 3, state) == reset
-    assert estimate_create_at(now, 3, 0.0, 10, 3, state) == reset + 7.5
+    assert estimate_create_at(now, 3, 0.0, 10, 3, state) == reset + step
     assert estimate_create_at(now, 5, 0.0, 10, 3, state) == reset + 86_400  # the day after
     assert estimate_create_at(now, 5, 0.0, 0, 0, {}) == now  # not limited here
 

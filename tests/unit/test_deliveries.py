@@ -14,11 +14,12 @@ import pytest
 from fakes import FakeClock, refused, retry
 from test_poller import ENV, FixedCoverage, Rig
 
-from sume_poller.config.settings import DiscoverySettings, PollSettings
+from sume_poller.config.settings import DiscoverySettings
 from sume_poller.core.messages import STATUS_PHASE, PollMessage
 from sume_poller.discovery.coverage import Coverage, is_canary
 from sume_poller.discovery.deliveries import LATE_SHARE, LOST_WITHIN, MIN_SAMPLE, DeliveryStore, LatePlan, plans
 from sume_poller.poll.cadence import Cadence
+from sume_poller.poll.poller import PollSettings
 from sume_poller.sume.client import Retryable
 
 KINDS = {"image": (20.0, 0.4), "video": (360.0, 0.6), "ad_video": (720.0, 0.5)}

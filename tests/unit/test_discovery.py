@@ -14,7 +14,7 @@ from sume_poller.discovery.sweep import Sweeper, SweepSettings
 from sume_poller.discovery.webhook import WebhookReceiver, signature
 from sume_poller.limits.budget import Grant
 from sume_poller.limits.lease import new_token
-from sume_poller.sume.client import Listing
+from sume_poller.sume.listing import Listing
 
 
 class Parts:

@@ -39,7 +39,6 @@ import pytest
 from aws_lambda_powertools.utilities.data_classes import EventBridgeEvent, LambdaFunctionUrlEvent, SQSEvent
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume
 
-from sume_poller.config.settings import SubmitSettings
 from sume_poller.core.messages import (
     RESULT_PHASE,
     STATUS_PHASE,
@@ -51,10 +50,10 @@ from sume_poller.core.messages import (
     parse_message,
 )
 from sume_poller.creates.createqueue import DrainMessage
-from sume_poller.creates.submit import Submitter, one_key
+from sume_poller.creates.submit import SubmitSettings, Submitter, one_key
 from sume_poller.discovery.webhook import WebhookReceiver, raw_body, signature
 from sume_poller.schedule.planner import profile_key
-from sume_poller.sume.client import Created
+from sume_poller.sume.created import Created
 from tools.template import load as load_template
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,13 +17,13 @@ PROBE = ("import json, sys, app; print(json.dumps(sorted(m for m in sys.modules 
 #: function -> modules its handler must not load (``sume_poller.`` left out), and why.
 NOT_LOADED = {
     "poll": {"discovery.sweep", "discovery.webhook", "creates.submit", "creates.createqueue", "creates.drain",
-             "poll.fanout", "api.jobsapi", "api.reader"},
+             "poll.fanout", "api.jobsapi", "api.reader", "sume.listing", "sume.created"},
     "fanout": {"schedule.planner", "schedule.durations", "schedule.models", "discovery.sweep", "discovery.webhook",
                "creates.submit", "creates.drain", "poll.poller", "sume.client"},
     "submit": {"discovery.sweep", "discovery.webhook", "poll.poller", "poll.fanout", "creates.drain", "api.jobsapi",
-               "api.reader"},  # drain: SQS events only
+               "api.reader", "sume.status", "sume.listing"},  # drain: SQS events only
     "sweep": {"schedule.planner", "discovery.webhook", "creates.submit", "poll.poller", "poll.fanout", "creates.drain",
-              "api.jobsapi"},
+              "api.jobsapi", "sume.status", "sume.created"},
     "webhook": {"schedule.planner", "discovery.sweep", "creates.submit", "poll.poller", "poll.fanout", "creates.drain",
                 "sume.client", "api.jobsapi"},
     # Never talks to Redis or Sume: not the Redis client, nor the keys, budgets, leases or Sume client.

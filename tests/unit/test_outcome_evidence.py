@@ -15,7 +15,9 @@ from sume_poller.core.jobs import Evidence
 from sume_poller.core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source, parse_message
 from sume_poller.limits.budget import Grant
 from sume_poller.poll.step import LAST_READ_WAIT, Outcome
-from sume_poller.sume.client import Listing, Oversized, Refused, Result, Retryable, interpret_status
+from sume_poller.sume.client import Refused, Retryable
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Oversized, Result, interpret_status
 
 #: Refusals of a read that the contract does not name for it (a proxy's, a gateway's, Sume's own).
 OTHER_4XX = [400, 402, 410, 413, 422, 431]

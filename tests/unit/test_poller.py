@@ -24,7 +24,6 @@ from fakes import (
     status,
 )
 
-from sume_poller.config.settings import PollSettings
 from sume_poller.core.messages import OUTBOX_PHASE, RESULT_PHASE, Finding, PollMessage, Source, parse_message
 from sume_poller.discovery.coverage import CANARY_EVERY, Coverage, is_canary
 from sume_poller.discovery.deliveries import LOST_WITHIN
@@ -35,10 +34,11 @@ from sume_poller.limits.redisconn import Breaker
 from sume_poller.poll.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
 from sume_poller.poll.keycheck import KEY_CHECK_WAIT
 from sume_poller.poll.outbox import completion_interval
-from sume_poller.poll.poller import Poller
+from sume_poller.poll.poller import Poller, PollSettings
 from sume_poller.poll.step import PACED_HOP, Deadline, Outcome
 from sume_poller.schedule.durations import LogNormal
-from sume_poller.sume.client import Listing, Oversized, Result
+from sume_poller.sume.listing import Listing
+from sume_poller.sume.status import Oversized, Result
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "redis://redis.test:6379", "LEARNED_SCHEDULE": "false"}
@@ -365,6 +365,16 @@ def test_the_key_check_takes_its_reads_from_the_budget(rig: Rig) -> None:
     rig.clock.advance(60)
     out = rig.run(rig.next_of(out))
     assert out.status == "failed" and rig.sume.reads("list") == 1 and rig.budget.takes == 4
+
+
+def test_a_key_check_slot_waited_for_is_confirmed_before_the_read(rig: Rig) -> None:
+    """A slot a fraction of a second away is waited for, then confirmed as any reserved read is (the
+    budget counts the read when it happens): no read where the confirm is not now."""
+    rig.budget.grants = [Grant(True, 0.01), Grant(True, 0.0), Grant(True, 0.01), Grant(True, 2.0)]
+    assert rig.poller.gate.slot_soon(2.0, 1.0)
+    assert rig.budget.modes == ["ahead", "rconfirm"] and rig.budget.slots == [0.0, 1_000.01]
+    assert not rig.poller.gate.slot_soon(2.0, 1.0)  # the read log held it back: asked again later
+    assert rig.budget.modes[2:] == ["ahead", "rconfirm"]
 
 
 def test_a_403_fails_only_that_job_when_the_key_check_passes(rig: Rig) -> None:

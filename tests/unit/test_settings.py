@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from sume_poller.config.settings import ConfigError, FanOutSettings, PollSettings, SubmitSettings
+from sume_poller.config.settings import ConfigError
+from sume_poller.creates.submit import SubmitSettings
+from sume_poller.poll.fanout import FanOutSettings
+from sume_poller.poll.poller import PollSettings
 
 POLL = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "RESULT_BUCKET": "b", "SUME_BASE_URL": "https://sume.test/api/v1",
         "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}

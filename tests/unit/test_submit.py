@@ -8,17 +8,18 @@ from dataclasses import replace
 import pytest
 from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeStore, FakeSume, retry
 
-from sume_poller.config.settings import SubmitSettings
 from sume_poller.core.messages import parse_message
 from sume_poller.creates.submit import (
     CreateBudgetExhausted,
     SubmitRetryable,
+    SubmitSettings,
     Submitter,
     derive_idempotency_key,
     one_key,
 )
 from sume_poller.limits.budget import Grant
-from sume_poller.sume.client import Created, Refused
+from sume_poller.sume.client import Refused
+from sume_poller.sume.created import Created
 
 ENV = {"JOBS_TABLE": "jobs", "POLL_QUEUE_URL": "q", "SUME_BASE_URL": "https://sume.test/api/v1",
        "SUME_API_KEY_NAME": "/k", "REDIS_URL": "rediss://cache.example:6379"}

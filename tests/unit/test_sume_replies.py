@@ -6,15 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sume_poller.limits.budget import RateInfo
-from sume_poller.sume.client import (
-    Pending,
-    Retryable,
-    Terminal,
-    extract_job_ids,
-    interpret_status,
-    parse_rate,
-    parse_retry_after,
-)
+from sume_poller.sume.client import Retryable, parse_rate, parse_retry_after
+from sume_poller.sume.created import extract_job_ids
+from sume_poller.sume.status import Pending, Terminal, interpret_status
 
 
 def test_an_explicit_terminal_false_never_overrides_a_terminal_status() -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from sume_poller.config import settings
+from sume_poller.creates.submit import SubmitSettings
 from tools.template import Created, load, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -598,7 +599,7 @@ def test_the_queue_deadline_parameter_is_what_the_submit_function_accepts() -> N
     assert variables["SUBMIT_QUEUE_DEADLINE_SECONDS"] == {"Ref": "SubmitQueueDeadlineSeconds"}
     assert variables["CREATE_QUEUE_URL"] == {"Ref": "CreateQueue"}
     assert function_props("FanOutFunction")["Environment"]["Variables"]["CREATE_QUEUE_URL"] == {"Ref": "CreateQueue"}
-    field = next(f for f in dataclasses.fields(settings.SubmitSettings) if f.name == "queue_deadline")
+    field = next(f for f in dataclasses.fields(SubmitSettings) if f.name == "queue_deadline")
     assert (parameter["MinValue"], parameter["MaxValue"], parameter["Default"]) == (
         field.metadata["low"], field.metadata["high"], field.default)
     alarms = {lid: r["Properties"] for lid, r in RESOURCES.items() if r["Type"] == "AWS::CloudWatch::Alarm"}

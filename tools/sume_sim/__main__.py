@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--read-per-day", type=int, default=None, help="enforce a per-day read budget")
     add("--create-per-minute", type=int, default=None, help="enforce a per-minute create budget")
     add("--create-per-day", type=int, default=None, help="enforce a per-day create budget")
+    add("--budget-windows", type=_json_object, default=None, metavar="JSON",
+        help='how each budget window counts, e.g. \'{"minute": "sliding", "day": "fixed"}\' (default fixed)')
     add("--other-consumer-share", type=float, default=0.0,
         help="share of each enforced read window another client of the key spends")
     add("--not-found-for", type=float, default=0.0, help="read-after-create 404 lag of new jobs")
@@ -84,6 +86,7 @@ def make_simulator(args: argparse.Namespace) -> SumeSimulator:
         log_requests=args.verbose,
         read_budget={"per_minute": args.read_per_minute, "per_day": args.read_per_day},
         create_budget={"per_minute": args.create_per_minute, "per_day": args.create_per_day},
+        budget_windows=args.budget_windows,
         other_consumer_share=args.other_consumer_share,
         not_found_for=args.not_found_for,
         key_forbidden=args.key_forbidden,

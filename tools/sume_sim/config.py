@@ -78,6 +78,27 @@ class Budget:
         return asdict(self)
 
 
+#: How Sume counts a budget window: ``fixed`` windows ``[k*W, (k+1)*W)``, or ``sliding``: the last
+#: ``W`` seconds before each request.
+WINDOW_KINDS = ("fixed", "sliding")
+
+
+@dataclass(frozen=True)
+class BudgetWindows:
+    """The kind of each budget window (Sume's contract does not say which it counts), for every key
+    and class of calls."""
+
+    minute: str = "fixed"
+    day: str = "fixed"
+
+    def kind(self, size: int) -> str:
+        """The kind of the window of ``size`` clock seconds."""
+        return self.minute if size == MINUTE else self.day
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class ListMode:
     """How ``GET /api/v1/jobs`` behaves, and which misses of a real list it shows."""
@@ -162,6 +183,7 @@ class Config:
     seed: int | None = None
     read_budget: Budget = field(default_factory=Budget)
     create_budget: Budget = field(default_factory=Budget)
+    budget_windows: BudgetWindows = field(default_factory=BudgetWindows)
     other_consumer_share: float = 0.0
     not_found_for: float = 0.0
     key_forbidden: bool = False
@@ -197,6 +219,7 @@ class Config:
             "read_budget": self.read_budget.to_dict(),
             "create_budget": self.create_budget.to_dict(),
             "rate_limit_per_minute": self.read_budget.per_minute,
+            "budget_windows": self.budget_windows.to_dict(),
             "list": self.listing.to_dict(),
             "webhooks": self.webhooks.to_dict(),
             "keys": {key: entry.to_dict() for key, entry in self.keys},
@@ -213,6 +236,12 @@ def _limit(value: Any, name: str) -> int | None:
 def _budget(value: Any, name: str) -> Budget:
     raw = check_keys({} if value is None else value, ("per_minute", "per_day"), name)
     return Budget(_limit(raw.get("per_minute"), "per_minute"), _limit(raw.get("per_day"), "per_day"))
+
+
+def _budget_windows(value: Any) -> BudgetWindows:
+    raw = check_keys({} if value is None else value, BudgetWindows.__dataclass_fields__, "budget_windows")
+    return BudgetWindows(*(check_choice(raw.get(size, "fixed"), size, WINDOW_KINDS, "budget_windows.")
+                           for size in ("minute", "day")))
 
 
 def _kinds(value: Any, name: str) -> tuple[str, ...]:
@@ -350,6 +379,7 @@ _FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "seed": ("seed", _seed),
     "read_budget": ("read_budget", lambda v: _budget(v, "read_budget")),
     "create_budget": ("create_budget", lambda v: _budget(v, "create_budget")),
+    "budget_windows": ("budget_windows", _budget_windows),
     "list": ("listing", _list_mode),
     "webhooks": ("webhooks", _webhooks),
     "keys": ("keys", _keys),

@@ -595,7 +595,7 @@ class Model:
     def _spend(self, account: Account, cls: str, now: float) -> Admission:
         """Charge one attempt to ``account``'s book of ``cls``."""
         budget, share = self._budget_args(account, cls)
-        admission = self._book(account.key, cls).admit(now, budget, share)
+        admission = self._book(account.key, cls).admit(now, budget, share, self._config.budget_windows)
         counters = self._workspace(account.workspace)[cls]
         counters["attempts"] += 1
         counters["served" if admission.allowed else "rate_limited"] += 1
@@ -607,7 +607,7 @@ class Model:
         if account is None:
             return None
         budget, share = self._budget_args(account, cls)
-        return self._book(account.key, cls).peek(now, budget, share)
+        return self._book(account.key, cls).peek(now, budget, share, self._config.budget_windows)
 
     def _authorise(self, req: Request, cls: str, now: float) -> tuple[Account | None, Reply | None]:
         """(the account of the first configured key the request presents, None), or (None, a 401 for no

@@ -25,6 +25,7 @@ class SumeSimulator:
     ...     print(sim.base_url)   # http://127.0.0.1:PORT/api/v1
 
     ``rate_limit_per_minute`` is an alias of ``read_budget["per_minute"]`` (and wins over it);
+    ``budget_windows`` (``{"minute": "fixed"|"sliding", "day": ...}``) how Sume counts each window;
     ``list_config`` is the ``list`` config field; ``keys`` adds API keys beside ``api_key``, each with its
     workspace and optionally its own budgets and webhook secret (see ``README.md``). ``clock`` replaces the default
     ``Clock(time_scale)``, for tests that drive time themselves; with ``deliver_webhooks=False``
@@ -48,6 +49,7 @@ class SumeSimulator:
         log_requests: bool = False,
         read_budget: dict[str, int | None] | None = None,
         create_budget: dict[str, int | None] | None = None,
+        budget_windows: dict[str, str] | None = None,
         other_consumer_share: float = 0.0,
         not_found_for: float = 0.0,
         key_forbidden: bool = False,
@@ -63,6 +65,7 @@ class SumeSimulator:
             "time_scale": self.clock.scale, "api_key": api_key, "hints": hints, "latency_ms": latency_ms,
             "error_rate_5xx": error_rate_5xx, "malformed_rate": malformed_rate, "seed": seed,
             "exact_hints": exact_hints, "read_budget": read_budget, "create_budget": create_budget,
+            "budget_windows": budget_windows,
             "other_consumer_share": other_consumer_share, "not_found_for": not_found_for,
             "key_forbidden": key_forbidden, "result_not_ready": result_not_ready, "list": list_config,
             "webhooks": webhooks, "keys": keys,

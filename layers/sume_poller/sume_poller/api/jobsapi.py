@@ -20,9 +20,9 @@ Error bodies are ``{"error": {"code", "message"}}``. Every reply says ``Cache-Co
 (it may carry a pre-signed URL). This function never talks to Sume: it holds no Sume key.
 
 Routing is by hand, not with Powertools' ``LambdaFunctionUrlResolver``: importing its event
-handler package costs about 100 ms of CPU at cold start (190 ms without bytecode, as the layer
-ships from a build host without python3.13; ``python -X importtime``, Powertools 3.37) - a sixth to
-a third of the functions' cold-start floor - for two routes.
+handler package costs about 100 ms of CPU at cold start (190 ms without bytecode; ``python -X
+importtime`` on Python 3.11, Powertools 3.37) - a sixth to a third of the functions' cold-start
+floor - for two routes.
 """
 
 from __future__ import annotations

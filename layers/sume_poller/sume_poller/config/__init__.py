@@ -9,9 +9,6 @@ from .. import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "credentials": ("RedisCredentials", "Secret"),
     "keys": ("KeyRing", "Limits", "PerKey", "SumeKey", "UnknownKey", "record_key"),
-    "settings": (
-        "BudgetSettings", "Common", "ConfigError", "Env", "FanOutSettings", "KeySettings", "PollSettings",
-        "RedisSettings", "SubmitSettings", "SumeSettings", "SweepFunctionSettings", "WebhookSettings", "declared",
-        "setting",
-    ),
+    "settings": ("BudgetSettings", "Common", "ConfigError", "Env", "KeySettings", "RedisSettings", "SumeSettings",
+                 "declared", "setting"),
 })

@@ -1,8 +1,12 @@
 """Settings: read once per container from the environment, validated, frozen.
 
-Each function gets the settings it reads (:class:`PollSettings`, :class:`FanOutSettings`,
-:class:`SubmitSettings`, :class:`SweepFunctionSettings`, :class:`WebhookSettings`), built from
-small groups (:class:`SumeSettings`, :class:`RedisSettings`, ...). A field names its variable,
+Each function gets the settings it reads, a :class:`FunctionSettings` built from small groups
+(:class:`SumeSettings`, :class:`RedisSettings`, ...) and defined beside the code that reads it
+(``PollSettings`` in :mod:`sume_poller.poll.poller`, ``FanOutSettings`` in :mod:`sume_poller.poll.fanout`,
+``SubmitSettings`` in :mod:`sume_poller.creates.submit`, ``SweepFunctionSettings`` in
+:mod:`sume_poller.discovery.sweep`, ``WebhookSettings`` in :mod:`sume_poller.discovery.webhook`): a
+function's cold start creates its own settings classes only (each frozen dataclass costs about
+0.4 ms of CPU to create on Python 3.13, bench figure 4). A field names its variable,
 default and bounds once, with :func:`setting`. ``template.yaml`` sets the variables; a missing or
 bad value fails the cold start with :class:`ConfigError`, which lists every problem, one line
 each, naming the variable - instead of failing later on the first message that needs it.
@@ -15,10 +19,10 @@ Why no settings library: Powertools' parser or aws-lambda-env-modeler would repl
 :func:`setting` and :func:`declared` (about 100 lines) with pydantic models, and pydantic costs
 every cold start of every function. Measured in fresh interpreters that already hold Powertools'
 Logger and Metrics, the poll function's settings imported, declared and read (CPU time, median
-of 9; pydantic 2.14, Powertools 3.37, env-modeler 3.0): this module 15 ms compiled from source as
-the layer ships from a build host without python3.13 (11 ms from .pyc), Powertools' parser 224 ms
-(75 ms), aws-lambda-env-modeler 207 ms (71 ms) - over a third of the cold-start floor of bench
-figure 4 (about 580 ms), plus about 10 MB of pydantic and pydantic-core in the layer.
+of 9; pydantic 2.14, Powertools 3.37, env-modeler 3.0, Python 3.11): this module 15 ms compiled
+from source (11 ms from .pyc), Powertools' parser 224 ms (75 ms), aws-lambda-env-modeler 207 ms
+(71 ms) - over a third of the cold-start floor of bench figure 4 then (about 580 ms), plus about
+10 MB of pydantic and pydantic-core in the layer.
 """
 
 from __future__ import annotations
@@ -184,6 +188,8 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Common:
+    """What every function reads: the job table, the (compressible) clock, whether endpoints may be local."""
+
     jobs_table: str
     clock: Clock
     #: Set only for local emulators: allows http:// Sume and a loopback Redis.
@@ -203,6 +209,8 @@ class Common:
 
 @dataclass(frozen=True, slots=True)
 class SumeSettings(Group):
+    """Sume's base URL, where the default key's API key is kept, and the socket timeouts (real seconds)."""
+
     base_url: str
     api_key_name: str
     api_key_source: str  # "ssm" | "secretsmanager"
@@ -241,6 +249,8 @@ class KeySettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class RedisSettings(Group):
+    """The Redis endpoint, its mode, its credentials' secret, the key prefix and the socket timeout."""
+
     url: str
     mode: str  # "standalone" | "cluster"
     #: Secrets Manager secret with {"username": ..., "password": ...} (ElastiCache RBAC); optional.
@@ -301,6 +311,8 @@ class BudgetSettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class JobSettings(Group):
+    """How long a job may stay pending, how long a 404 is read-after-create lag, the pending shards."""
+
     #: A job still not terminal this long after submission is recorded timed_out.
     max_age: int = setting("JOB_MAX_AGE_SECONDS", 86_400, 60, 366 * 86_400)
     #: A 404 this soon after submission is read-after-create lag (retried), later it is final.
@@ -314,6 +326,8 @@ class JobSettings(Group):
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSettings(Group):
+    """The read schedule: learned once a kind has enough observations, within these bounds."""
+
     #: Use the learned schedule once a kind has enough observations.
     learned: bool = setting("LEARNED_SCHEDULE", True)
     min_interval: float = setting("MIN_POLL_INTERVAL", 2.0, 0.1, 3_600)
@@ -336,10 +350,11 @@ class DiscoverySettings(Group):
 
     @classmethod
     def read(cls, env: Env, common: Common) -> Self:
-        return cls(webhook_kinds=_kinds(env.text("WEBHOOK_KINDS", "")), **declared(cls, env))
+        return cls(webhook_kinds=kinds_of(env.text("WEBHOOK_KINDS", "")), **declared(cls, env))
 
 
-def _kinds(raw: str) -> frozenset[str]:
+def kinds_of(raw: str) -> frozenset[str]:
+    """The kinds named in a comma-separated list (``WEBHOOK_KINDS``)."""
     return frozenset(k.strip() for k in raw.split(",") if k.strip())
 
 
@@ -396,84 +411,3 @@ class SumeReaderSettings(FunctionSettings):
     def check(self, env: Env) -> None:
         env.check(bool(self.sume.api_key_name or self.keys.config_secret),
                   "SUME_API_KEY_NAME (the default key) or SUME_KEYS_SECRET_NAME (the key configuration) is required")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PollSettings(SumeReaderSettings):
-    what: ClassVar[str] = "poll function"
-    event_bus_name: str = setting("EVENT_BUS_NAME", "default")
-    result_bucket: str = setting("RESULT_BUCKET")
-    #: A result larger than this is recorded completed with ``result_too_large``, never stored.
-    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, RESULT_MAX_MEGABYTES_MAX)
-    schedule: ScheduleSettings
-    discovery: DiscoverySettings = DiscoverySettings()
-
-    def check(self, env: Env) -> None:
-        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
-        timeout = self.sume.connect_timeout_real + self.sume.read_timeout_real
-        env.check(self.lease.claim_ttl > timeout,
-                  f"CLAIM_TTL_SECONDS must outlast one Sume request ({timeout:g} s of connect + read timeout)")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FanOutSettings(FunctionSettings):
-    what: ClassVar[str] = "fan-out function"
-    budget: BudgetSettings
-    #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
-    period: float = schedule_period("FANOUT_PERIOD_MINUTES")
-    #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
-    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
-    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitSettings(SumeReaderSettings):
-    what: ClassVar[str] = "submit function"
-    schedule: ScheduleSettings
-    #: Kinds whose create endpoint accepts ``webhook_url`` (empty: webhooks off).
-    webhook_kinds: frozenset[str] = frozenset()
-    webhook_url: str | None = None
-    #: The create queue (the drains' messages); empty: submissions never queue.
-    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
-    #: A queued submission not created this long after it arrived is rejected (clock seconds).
-    queue_deadline: float = setting("SUBMIT_QUEUE_DEADLINE_SECONDS", 3_600.0, 60.0, 86_400.0)
-
-    @classmethod
-    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
-        return {"webhook_kinds": _kinds(env.text("WEBHOOK_KINDS", "")),
-                "webhook_url": env.text("WEBHOOK_URL", "") or None}
-
-    def check(self, env: Env) -> None:
-        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
-        env.check(not self.webhook_kinds or self.webhook_url is not None, "WEBHOOK_KINDS needs WEBHOOK_URL")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SweepFunctionSettings(SumeReaderSettings):
-    what: ClassVar[str] = "sweep function"
-    #: Between schedule ticks (a sweep runs on a tick only while it saves reads).
-    period: float = schedule_period("SWEEP_PERIOD_MINUTES")
-    max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
-    #: How long Sume's list may lag a job's terminal status (clock seconds).
-    lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
-    #: Percent of each read-budget window kept for list reads while sweeps are on (their lane).
-    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", 10, 1, 50)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WebhookSettings(FunctionSettings):
-    what: ClassVar[str] = "webhook function"
-    #: The default key's signing secret (other keys' are in the key configuration).
-    secret_name: str = setting("WEBHOOK_SECRET_NAME", "")
-    secret_source: str = "secretsmanager"  # noqa: S105 (where the secret lives: "ssm" or "secretsmanager")
-    #: A delivery whose timestamp is further than this from now is refused (clock seconds).
-    tolerance: float = setting("WEBHOOK_TOLERANCE_SECONDS", 300.0, 1.0, 86_400.0)
-
-    @classmethod
-    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
-        return {"secret_source": env.choice("WEBHOOK_SECRET_SOURCE", ("ssm", "secretsmanager"), "secretsmanager")}
-
-    def check(self, env: Env) -> None:
-        env.check(bool(self.secret_name or self.keys.config_secret),
-                  "WEBHOOK_SECRET_NAME (the default key's) or SUME_KEYS_SECRET_NAME (the key configuration) "
-                  "is required")

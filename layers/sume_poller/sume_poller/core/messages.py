@@ -129,6 +129,8 @@ class MessageError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PollMessage:
+    """One step of a job's chain as the poll queue carries it (the fields and versions: above)."""
+
     job_id: str
     kind: str
     deadline_at: int

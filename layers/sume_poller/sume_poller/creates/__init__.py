@@ -10,5 +10,5 @@ from .. import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "createqueue": ("DrainMessage", "drain_lease", "estimate_create_at"),
     "drain": ("Drainer",),
-    "submit": ("CreateBudgetExhausted", "SubmitKey", "Submitter"),
+    "submit": ("CreateBudgetExhausted", "SubmitKey", "SubmitSettings", "Submitter"),
 })

@@ -42,17 +42,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.keys import UnknownKey
-from ..config.settings import SubmitSettings
 from ..core.observability import logger
-from ..limits.budget import RateInfo
+from ..limits.budget import Mode, RateInfo
 from ..limits.lease import Claim, LeaseStore, Step, new_nonce, new_token
 from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
 from ..store.submissions import CREATED, QUEUED, REJECTED
-from ..sume.client import Created, Refused
+from ..sume.client import Refused
+from ..sume.created import Created
 from .createqueue import EXPIRED, KEY_REMOVED, DrainMessage, DrainMessageError, drain_lease
-from .submit import KEY_REFUSALS, SubmitKey, Submitter
+from .submit import KEY_REFUSALS, SubmitKey, SubmitSettings, Submitter
 
 #: The longest backoff (clock seconds) between create attempts of one head after transient faults.
 BACKOFF_MAX = 300.0
@@ -155,7 +155,7 @@ class Drainer:
             self._next(msg, step, min(msg.slot - now, deadline_in), slot=msg.slot, errors=msg.errors)
             report.waited += 1
             return
-        grant = k.creates.take(mode="confirm", slot=msg.slot) if msg.slot is not None else k.creates.take()
+        grant = k.creates.take(mode=Mode.CONFIRM, slot=msg.slot) if msg.slot is not None else k.creates.take()
         if not grant.now:
             slot = now + grant.wait if grant.granted else None
             self._next(msg, step, min(grant.wait, deadline_in), slot=slot, errors=msg.errors)
@@ -179,7 +179,7 @@ class Drainer:
         answer). False: no slot now, or its key is gone - it is rejected as any other."""
         try:
             k = self.keys(msg.key)
-            grant = k.creates.take(mode="ahead", max_wait=0.0)
+            grant = k.creates.take(mode=Mode.AHEAD, max_wait=0.0)
         except (UnknownKey, *RedisFailure):
             return False
         if not grant.now:

@@ -47,22 +47,49 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..config.keys import Limits, SumeKey, UnknownKey
-from ..config.settings import SubmitSettings
+from ..config.settings import Common, Env, ScheduleSettings, SumeReaderSettings, kinds_of, setting
 from ..core.jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
 from ..core.messages import PollMessage
 from ..core.observability import logger
-from ..limits.budget import Budget, Grant, LocalPacer
+from ..limits.budget import Budget, Grant, Mode
 from ..limits.lease import LeaseStore, new_token
+from ..limits.pacer import LocalPacer
 from ..limits.redisconn import RedisFailure, describe
 from ..schedule.planner import Bounds, next_delay, profile_key
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
 from ..store.submissions import CREATED, QUEUED, REJECTED, queue_item, queued_record, settled_record
-from ..sume.client import Created, Refused, Retryable, SumeClient
+from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.created import Created
 from .createqueue import DrainMessage, drain_lease, estimate_create_at
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitSettings(SumeReaderSettings):
+    """The submit function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "submit function"
+    schedule: ScheduleSettings
+    #: Kinds whose create endpoint accepts ``webhook_url`` (empty: webhooks off).
+    webhook_kinds: frozenset[str] = frozenset()
+    webhook_url: str | None = None
+    #: The create queue (the drains' messages); empty: submissions never queue.
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    #: A queued submission not created this long after it arrived is rejected (clock seconds).
+    queue_deadline: float = setting("SUBMIT_QUEUE_DEADLINE_SECONDS", 3_600.0, 60.0, 86_400.0)
+
+    @classmethod
+    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
+        return {"webhook_kinds": kinds_of(env.text("WEBHOOK_KINDS", "")),
+                "webhook_url": env.text("WEBHOOK_URL", "") or None}
+
+    def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
+        env.check(not self.webhook_kinds or self.webhook_url is not None, "WEBHOOK_KINDS needs WEBHOOK_URL")
 
 #: Refusals that are the key's, not the submission's (a refused key, a forbidden workspace): not
 #: recorded, and a queued head waits them out. Every other refusal (a 402, a 400) is final for the
@@ -277,7 +304,7 @@ class Submitter:
         now = self.clock.now()
         ahead = self.store.queue_ahead(k.key.id, item_id) if item_id else 0
         try:
-            first, state = k.creates.take(mode="peek").wait, k.creates.state()
+            first, state = k.creates.take(mode=Mode.PEEK).wait, k.creates.state()
         except RedisFailure:
             first, state = 0.0, {}
         return math.ceil(estimate_create_at(now, ahead, first, k.creates.per_minute, k.creates.per_day, state))

@@ -10,6 +10,6 @@ from .. import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "coverage": ("CANARY_EVERY", "CoverageStore", "CoverageView", "is_canary"),
     "deliveries": ("DeliveryStore", "DeliveryView", "LOST_WITHIN", "LatePlan"),
-    "sweep": ("SweepSettings", "Sweeper", "Sweeps"),
-    "webhook": ("WebhookReceiver", "raw_body"),
+    "sweep": ("SweepFunctionSettings", "SweepSettings", "Sweeper", "Sweeps"),
+    "webhook": ("WebhookReceiver", "WebhookSettings", "raw_body"),
 })

@@ -52,6 +52,8 @@ _KEEP_MS = 7 * 86_400_000
 
 @dataclass(frozen=True, slots=True)
 class LatePlan:
+    """A webhook kind's plan for a chain whose delivery may be lost: when it reads first and after."""
+
     first: float  # the age of a chain's first read
     tail: float  # the largest age a delivery came at: reads past it are status reads, spaced out
     gap: float = LOST_WITHIN
@@ -72,6 +74,8 @@ class LatePlan:
 
 @dataclass(frozen=True, slots=True)
 class _Choice:
+    """A candidate first read, scored by the reads it costs and the lost deliveries it leaves late."""
+
     first: float
     reads: float  # reads made before completion, a job on average
     late: float  # share of jobs a lost delivery leaves unfound past ``gap``

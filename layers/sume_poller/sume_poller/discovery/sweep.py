@@ -61,20 +61,37 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ..config.keys import SumeKey, record_key
+from ..config.settings import SumeReaderSettings, schedule_period, setting
 from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
 from ..core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
-from ..limits.budget import Budget
+from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe, failure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
-from ..sume.client import Listing, Refused, SumeClient
+from ..sume.client import Refused, SumeClient
+from ..sume.listing import Listing
 from .coverage import CoverageStore
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepFunctionSettings(SumeReaderSettings):
+    """The sweep function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "sweep function"
+    #: Between schedule ticks (a sweep runs on a tick only while it saves reads).
+    period: float = schedule_period("SWEEP_PERIOD_MINUTES")
+    max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
+    #: How long Sume's list may lag a job's terminal status (clock seconds).
+    lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
+    #: Percent of each read-budget window kept for list reads while sweeps are on (their lane).
+    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", 10, 1, 50)
 
 STATUSES = ("completed", "failed", "canceled", "expired")
 #: Where the lane cannot pay for every status each tick, a sweep lists ``completed``, and beside it
@@ -88,6 +105,8 @@ ROUTE_RETRY = 3_600.0
 
 @dataclass
 class SweepReport:
+    """What one sweep tick did: whether it ran (or why not), its reads, what it listed and handed over."""
+
     ran: bool = False
     why_not: str | None = None
     reads: int = 0
@@ -137,6 +156,8 @@ LANE_OPEN = 2 * 86_400.0
 
 @dataclass(frozen=True, slots=True)
 class SweepSettings:
+    """What a sweep reads of its function's settings."""
+
     period: float  # clock seconds between schedule ticks
     max_pages: int = 20
     lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)
@@ -264,11 +285,11 @@ class Sweeper:
         first = STATUSES[:1]
         rare = (*first, due[0][1]) if now >= due[0][0] + RARE_EVERY else first
         rich = self.budget.lane_rate(self.s.read_share) * self.tick >= pages(STATUSES)
-        plans = [*([(STATUSES, "list")] if rich else []), (rare, "list"), (rare, "spare"),
-                 *([(first, "list"), (first, "spare")] if rare != first else [])]
+        plans = [*([(STATUSES, Mode.LIST)] if rich else []), (rare, Mode.LIST), (rare, Mode.SPARE),
+                 *([(first, Mode.LIST), (first, Mode.SPARE)] if rare != first else [])]
         for statuses, mode in plans:
             count = pages(statuses)
-            if mode == "spare" and not self.budget.spare(count, self.s.read_share, budget):
+            if mode is Mode.SPARE and not self.budget.spare(count, self.s.read_share, budget):
                 continue
             if self.budget.take(mode=mode, max_wait=0.0, count=count).now:
                 self._prepaid, self._statuses = count, statuses
@@ -338,7 +359,7 @@ class Sweeper:
             # would not wait for.
             if self._prepaid > 0:
                 self._prepaid -= 1
-            elif not self.budget.take(mode="list", max_wait=0.0).now:
+            elif not self.budget.take(mode=Mode.LIST, max_wait=0.0).now:
                 return self._incomplete(BUDGET_BUSY), newest
             reply = self.sume.list_jobs(limit=PAGE_SIZE, cursor=cursor, status=status)
             self.report.reads += 1

@@ -33,9 +33,10 @@ import hmac
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..config.keys import record_key
+from ..config.settings import Common, Env, FunctionSettings, setting
 from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, canonical_terminal_status, validate_job_id
 from ..core.messages import RESULT_PHASE, Finding, PollMessage, Source
@@ -47,11 +48,35 @@ from ..store.records import JobStore
 from .coverage import CoverageStore
 from .deliveries import DeliveryStore
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WebhookSettings(FunctionSettings):
+    """The webhook function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "webhook function"
+    #: The default key's signing secret (other keys' are in the key configuration).
+    secret_name: str = setting("WEBHOOK_SECRET_NAME", "")
+    secret_source: str = "secretsmanager"  # noqa: S105 (where the secret lives: "ssm" or "secretsmanager")
+    #: A delivery whose timestamp is further than this from now is refused (clock seconds).
+    tolerance: float = setting("WEBHOOK_TOLERANCE_SECONDS", 300.0, 1.0, 86_400.0)
+
+    @classmethod
+    def read_own(cls, env: Env, common: Common) -> dict[str, Any]:
+        return {"secret_source": env.choice("WEBHOOK_SECRET_SOURCE", ("ssm", "secretsmanager"), "secretsmanager")}
+
+    def check(self, env: Env) -> None:
+        env.check(bool(self.secret_name or self.keys.config_secret),
+                  "WEBHOOK_SECRET_NAME (the default key's) or SUME_KEYS_SECRET_NAME (the key configuration) "
+                  "is required")
+
 MAX_BODY = 64_000
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """The webhook function's reply: an HTTP status and its JSON body."""
+
     status: int
     body: dict[str, Any]
 

@@ -12,7 +12,7 @@ slot after (:meth:`ReadGate.take`) only if the job still needs a read.
 
 Redis failures stop here: :meth:`ReadGate.enter` answers a :class:`Passage` without a claim (the
 caller falls back to the job record's fence), :meth:`ReadGate.take` falls back to this
-container's outage pacer (:class:`~sume_poller.limits.budget.LocalPacer`), and what Sume's replies say
+container's outage pacer (:class:`~sume_poller.limits.pacer.LocalPacer`), and what Sume's replies say
 (:meth:`ReadGate.tell`) or a key pause are best effort. Each failure is logged once by its kind
 (:mod:`sume_poller.limits.redisconn`) and named in the passage or returned as a signal to count.
 """
@@ -25,27 +25,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.observability import logger
-from .budget import BUDGET_LUA, TAKE_ARGS, Budget, Grant, LocalPacer, RateInfo
-from .lease import CLAIM_ARGS, CLAIM_LUA, Claim, LeaseStore, Step, new_nonce, new_token
-from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, lua_locals, reconnect, script_args, slow
+from .budget import BUDGET_LUA, Budget, Grant, Mode, RateInfo
+from .lease import CLAIM_LUA, Claim, LeaseStore, Step, new_nonce, new_token
+from .pacer import LocalPacer
+from .redisconn import UNAVAILABLE, Breaker, RedisFailure, describe, failure, lua_script, reconnect, slow
 
 #: The lease key the cold-start probe uses (no job id starts with "!").
 PROBE = "!probe"
 
-#: The gate script's arguments: the lease claim's, then the budget take's.
-GATE_ARGS = CLAIM_ARGS + TAKE_ARGS
-
-GATE_LUA = CLAIM_LUA + BUDGET_LUA + lua_locals(GATE_ARGS) + """
-local c = lease_claim(KEYS[1], resting, claimed, token, tonumber(seq), fresh, tonumber(ttl_ms))
-if c ~= 1 or mode == 'none' then return {c} end
-local g = budget_take(KEYS[2], KEYS[3], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms),
-                      per_minute, per_day, tonumber(slot_ms), tonumber(count), tonumber(every_ms))
-return {c, g[1], g[2], g[3], g[4], g[5]}
-"""
+#: The lease claim and the budget take in one script (gate.lua): its arguments are the claim's,
+#: then the take's.
+GATE = lua_script(__package__, "gate.lua", CLAIM_LUA + BUDGET_LUA)
 
 
 @dataclass(frozen=True, slots=True)
 class Passage:
+    """What the gate gave a message: its lease claim and its read slot."""
+
     #: None: Redis could not be asked (``failure`` says why); the caller polls without the lease.
     claim: Claim | None
     #: None when no slot was asked for (the message only hops) or the budget is unlimited.
@@ -61,33 +57,32 @@ class ReadGate:
         self.pacer = pacer
         self.cluster = cluster
         self.breaker = breaker or Breaker()
-        self._gate = None if cluster else lease.client.register_script(GATE_LUA)
+        self._gate = None if cluster else lease.client.register_script(GATE.source)
         #: Pending jobs as fan-out last counted them (the limiter passes it on with each grant).
         self.pending: int | None = None
 
-    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: str = "take",
+    def enter(self, job_id: str, step: Step, fresh: Step, ttl_ms: int, *, mode: Mode = Mode.TAKE,
               max_wait: float = math.inf, slot: float = 0.0) -> Passage:
         """Claim ``step`` (or ``fresh`` if the lease is free); then, if ``step`` was claimed and
-        ``mode`` is not "none", take a read slot ("take" a new one, "confirm" the one reserved at
-        ``slot``, "ahead" of the status reads for a job known to be finished)."""
+        ``mode`` is not :attr:`Mode.NONE`, take a read slot as ``mode`` asks (``slot``: the one a
+        confirm reserved earlier)."""
         if self.breaker.open:
             return Passage(None, failure=UNAVAILABLE)
-        if self.budget.unlimited:
-            mode = "none"
+        mode = Mode.NONE if self.budget.unlimited else Mode(mode)
         try:
             if self._gate is None:
                 claim = self.lease.claim(job_id, step, fresh, ttl_ms)
-                if claim is not Claim.OWN or mode == "none":
+                if claim is not Claim.OWN or mode is Mode.NONE:
                     return Passage(claim)
                 return Passage(claim, self._learn(self.budget.take(mode, max_wait, slot)))
             values = {**step.claim_values(fresh, ttl_ms), **self.budget.take_values(mode, max_wait, slot)}
-            reply = self._gate(keys=[self.lease.key(job_id), *self.budget.keys], args=script_args(GATE_ARGS, values))
+            reply = self._gate(keys=[self.lease.key(job_id), *self.budget.keys], args=GATE.argv(values))
         except RedisFailure as exc:
             return Passage(None, failure=self.failed(exc, "polling without the lease"))
         claim = Claim(int(reply[0]))
         return Passage(claim, self._learn(Grant.from_reply(reply[1:])) if len(reply) > 1 else None)
 
-    def take(self, mode: str = "take", max_wait: float = math.inf, slot: float = 0.0) -> Grant | None:
+    def take(self, mode: Mode = Mode.TAKE, max_wait: float = math.inf, slot: float = 0.0) -> Grant | None:
         """A read slot outside a claim (a fresh chain's, a second read in the same step); this
         container's outage pacer's while Redis cannot be asked. None: the budget is unlimited."""
         if self.budget.unlimited:
@@ -102,16 +97,19 @@ class ReadGate:
     def slot_soon(self, max_wait: float, real_time_left: float) -> bool:
         """A read slot for a read outside a chain (the key check), taken ahead of the line: waited
         for here when it is at most ``max_wait`` clock seconds away and fits ``real_time_left`` (a
-        fraction of a second: cheaper than re-queueing the job, whose next read would cost one more);
-        False, nothing reserved, otherwise."""
-        grant = self.take("ahead", max_wait=max_wait)
+        fraction of a second: cheaper than re-queueing the job, whose next read would cost one more),
+        then confirmed as any reserved read is (the budget's read log counts it when it happens);
+        False, nothing reserved or the confirm not now, otherwise."""
+        grant = self.take(Mode.AHEAD, max_wait=max_wait)
         if grant is None or grant.now:
             return True
         wait = self.budget.clock_to_real(grant.wait)
         if not grant.granted or wait > real_time_left:
             return False
+        slot = self.budget.now() + grant.wait
         time.sleep(wait)
-        return True
+        confirmed = self.take(Mode.RCONFIRM, slot=slot)
+        return confirmed is None or confirmed.now
 
     def pace(self) -> float:
         """Redis is down: seconds until this container's next outage slot (reserved)."""
@@ -161,8 +159,8 @@ class ReadGate:
         if self._gate is None:
             self.lease.claim(PROBE, step, step, 5_000)
         else:
-            values: dict[str, Any] = {**step.claim_values(step, 5_000), **self.budget.take_values("none")}
-            self._gate(keys=[self.lease.key(PROBE), *self.budget.keys], args=script_args(GATE_ARGS, values))
+            values: dict[str, Any] = {**step.claim_values(step, 5_000), **self.budget.take_values(Mode.NONE)}
+            self._gate(keys=[self.lease.key(PROBE), *self.budget.keys], args=GATE.argv(values))
         if not self.budget.unlimited:
-            self.budget.take("peek")
+            self.budget.take(Mode.PEEK)
         self.lease.release(PROBE, step.claimed)

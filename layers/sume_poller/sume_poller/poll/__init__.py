@@ -12,9 +12,9 @@ from .. import lazy_exports
 __all__, __getattr__ = lazy_exports(__name__, {
     "batch": ("BatchRunner", "emit_metrics"),
     "cadence": ("Cadence",),
-    "fanout": ("FanOut", "Lane"),
+    "fanout": ("FanOut", "FanOutSettings", "Lane"),
     "outbox": ("Finisher",),
-    "poller": ("Poller",),
+    "poller": ("PollSettings", "Poller"),
     "results": ("keep_result",),
     "step": ("Deadline", "Outcome", "Run", "plan"),
 })

@@ -26,15 +26,17 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..config.settings import PollSettings
 from ..core.messages import RESULT_PHASE, STATUS_PHASE, PollMessage
 from ..core.observability import logger
 from ..discovery.coverage import CANARY_EVERY, CoverageView, is_canary
 from ..discovery.deliveries import LOST_WITHIN, DeliveryStore, DeliveryView, LatePlan
 from ..limits.redisconn import RedisFailure, describe, failure
 from ..schedule.planner import DEFAULT_W0, Bounds, defer_delay, max_wait, next_delay, overdue, read_priority
+
+if TYPE_CHECKING:  # poller.py imports this module
+    from .poller import PollSettings
 
 #: Of the read budget, the most that stretched chains' reads together, and canaries' together, may
 #: take: where pending jobs are many, each one's reads space out (past the safety cadence, past the

@@ -38,19 +38,33 @@ import math
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from ..config.settings import FanOutSettings
+from ..config.settings import BudgetSettings, FunctionSettings, schedule_period, setting
 from ..core.clock import Clock
 from ..core.jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from ..core.messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
 from ..core.observability import logger
 from ..creates.createqueue import DrainMessage, drain_lease
-from ..limits.budget import Budget
+from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import MISCONFIGURED, UNAVAILABLE, RedisFailure, describe, failure
 from ..store.queue import SQS_BATCH, Outgoing, PollQueue
 from ..store.records import JobStore
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOutSettings(FunctionSettings):
+    """The fan-out function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "fan-out function"
+    budget: BudgetSettings
+    #: Between fan-out runs: it starts no more chains than the read budget can serve before the next.
+    period: float = schedule_period("FANOUT_PERIOD_MINUTES")
+    #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
+    create_queue_url: str = setting("CREATE_QUEUE_URL", "")
+    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
 
 PAGE_SIZE = 100
 #: Start batches in flight on the sender thread while the next page is read and leased: the tick's
@@ -62,6 +76,8 @@ OUTBOX_BACKOFF_MAX = 3_600.0
 
 @dataclass
 class FanOutReport:
+    """What one fan-out tick did: pages read, chains started, outbox messages sent or backing off."""
+
     pages: int = 0
     outbox_sent: int = 0
     outbox_backing_off: int = 0
@@ -225,7 +241,7 @@ class FanOut:
         self.report.pending_by_key[self.lane.key] = count
         self.report.pending_counted = (self.report.pending_counted or 0) + count
         with contextlib.suppress(*RedisFailure):
-            self.budget.set_pending(count)
+            self.budget.mailbox.set_pending(count)
 
     # -- budget and cursor -------------------------------------------------------------------------
     def _allowance(self) -> float:
@@ -233,7 +249,7 @@ class FanOut:
         the period once the reads already reserved are served."""
         if self.budget.unlimited:
             return math.inf
-        next_slot = self.budget.take(mode="peek")  # reads already reserved, pauses, the burst left
+        next_slot = self.budget.take(mode=Mode.PEEK)  # reads already reserved, pauses, the burst left
         if next_slot.key_paused:
             return 0.0
         return max(0.0, self.budget.rate * (self.s.period - next_slot.wait))
@@ -353,7 +369,7 @@ class FanOut:
     def _oldest_pending(self, oldest: float | None) -> None:
         """Tell the sweeps how far back a job of ours can be (none pending: now)."""
         with contextlib.suppress(*RedisFailure):
-            self.budget.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
+            self.budget.mailbox.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
         """Start a chain for each job whose lease is free (one pipelined round trip); its first

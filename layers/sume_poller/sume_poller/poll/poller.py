@@ -41,20 +41,30 @@ sends with the batch's.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from ..config.settings import PollSettings
+from ..config.settings import (
+    RESULT_MAX_MEGABYTES_MAX,
+    DiscoverySettings,
+    Env,
+    ScheduleSettings,
+    SumeReaderSettings,
+    setting,
+)
 from ..core.aws import AwsError
 from ..core.clock import Clock
 from ..core.jobs import PENDING, Evidence, error_delay, result_wait_delay
 from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..limits.budget import Mode
 from ..limits.gate import ReadGate
 from ..limits.lease import Claim, Step, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
-from ..sume.client import Oversized, Pending, Refused, Result, ResultStream, Retryable, StreamTimeout, SumeClient
+from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
 from .keycheck import KEY_PAUSE, KeyCheck
@@ -65,6 +75,26 @@ from .step import AFTER_READ_REAL, LAST_READ_WAIT, MIN_READ_REAL, PACED_HOP, Dea
 #: Re-queues that wait for a read slot (or for invocation time): a last read at the deadline still
 #: makes them; any other re-queue of a last read records the job timed_out instead.
 _SLOT_WAITS = frozenset({"budget_wait", "out_of_time"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PollSettings(SumeReaderSettings):
+    """The poll function's settings, read and validated once per container
+    (:mod:`sume_poller.config.settings`)."""
+
+    what: ClassVar[str] = "poll function"
+    event_bus_name: str = setting("EVENT_BUS_NAME", "default")
+    result_bucket: str = setting("RESULT_BUCKET")
+    #: A result larger than this is recorded completed with ``result_too_large``, never stored.
+    result_max_megabytes: int = setting("RESULT_MAX_MEGABYTES", 50, 1, RESULT_MAX_MEGABYTES_MAX)
+    schedule: ScheduleSettings
+    discovery: DiscoverySettings = field(default_factory=DiscoverySettings)
+
+    def check(self, env: Env) -> None:
+        SumeReaderSettings.check(self, env)  # slots dataclasses: no zero-argument super()
+        timeout = self.sume.connect_timeout_real + self.sume.read_timeout_real
+        env.check(self.lease.claim_ttl > timeout,
+                  f"CLAIM_TTL_SECONDS must outlast one Sume request ({timeout:g} s of connect + read timeout)")
 
 
 class Poller:
@@ -115,7 +145,7 @@ class Poller:
             if record is None or record.get("status") != PENDING:
                 return self._ended(run, self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
-            if p.mode != "none":
+            if p.mode is not Mode.NONE:
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
         return self._advance(run, p.hop, grant)
 
@@ -211,7 +241,7 @@ class Poller:
                                  result_waits=run.chain.result_waits + 1)
         if run.deadline.left() < MIN_READ_REAL + AFTER_READ_REAL:  # the result at once, if the invocation has the time
             return self._requeue(run, due=now, name="out_of_time")
-        grant = self.gate.take("ahead")
+        grant = self.gate.take(Mode.AHEAD)
         return self._wait_for_slot(run, grant) if grant is not None and not grant.now else self._fetch_result(run)
 
     def _fetch_result(self, run: Run) -> Outcome:

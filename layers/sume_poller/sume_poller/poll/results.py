@@ -6,7 +6,7 @@ from typing import Any
 
 from ..core.observability import logger
 from ..store.records import JobStore
-from ..sume.client import BodyTooLarge, Oversized, Result, ResultStream
+from ..sume.status import BodyTooLarge, Oversized, Result, ResultStream
 
 
 def keep_result(store: JobStore, job_id: str, reply: Result | ResultStream | Oversized,

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..core.clock import Clock
 from ..core.messages import RESULT_PHASE, Finding, PollMessage
+from ..limits.budget import Mode
 from ..store.queue import Outgoing
 from .holds import Hold
 
@@ -39,10 +40,10 @@ class Plan:
     #: The lease's TTL for this claim (real ms): until the hop's next delivery plus the margin, or
     #: the claim TTL of a step that reads.
     ttl_ms: int
-    #: The read slot asked for: "none" (a hop), "confirm"/"rconfirm" (the slot the step reserved
-    #: earlier, for a status or a result read), "ahead" (a job known to be finished: its result,
-    #: or the status read that confirms a list's or webhook's word) or "take" (a status read).
-    mode: str
+    #: The read slot asked for: NONE (a hop), CONFIRM/RCONFIRM (the slot the step reserved
+    #: earlier, for a status or a result read), AHEAD (a job known to be finished: its result,
+    #: or the status read that confirms a list's or webhook's word) or TAKE (a status read).
+    mode: Mode
     #: The farthest slot accepted (clock seconds; inf: any).
     patience: float
 
@@ -55,13 +56,13 @@ def plan(msg: PollMessage, now: float, *, clock: Clock, max_delay: float, margin
     hop = due - now if due - now > HOP_TOLERANCE else None
     ttl = clock.to_real(min(hop, max_delay)) + margin_real if hop else float(claim_ttl_real)
     if hop or (msg.phase == RESULT_PHASE and msg.outcome is not None and msg.outcome.next_read() is None):
-        mode = "none"  # a hop reads nothing; nor does recording a failure a signed webhook stated
+        mode = Mode.NONE  # a hop reads nothing; nor does recording a failure a signed webhook stated
     elif msg.slot_at is not None:
-        mode = "rconfirm" if msg.phase == RESULT_PHASE else "confirm"
+        mode = Mode.RCONFIRM if msg.phase == RESULT_PHASE else Mode.CONFIRM
     else:
-        mode = "ahead" if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else "take"
-    wait = patience(msg, now) if mode == "take" else math.inf
-    if now >= msg.deadline_at and mode in ("take", "ahead"):
+        mode = Mode.AHEAD if msg.phase == RESULT_PHASE or msg.found_by == "sweep" else Mode.TAKE
+    wait = patience(msg, now) if mode is Mode.TAKE else math.inf
+    if now >= msg.deadline_at and mode in (Mode.TAKE, Mode.AHEAD):
         wait = min(wait, max(0.0, msg.deadline_at + LAST_READ_WAIT - now))
     return Plan(hop, max(1, int(ttl * 1000)), mode, wait)
 

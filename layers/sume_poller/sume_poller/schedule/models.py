@@ -24,6 +24,8 @@ HALF_LIFE = 7 * 86_400.0
 
 @dataclass(frozen=True, slots=True)
 class Fitted:
+    """A kind's learned duration model, the observations behind it and when it was fitted."""
+
     model: LogNormal | None
     observations: int
     at: float

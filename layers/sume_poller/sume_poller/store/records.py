@@ -129,6 +129,8 @@ def from_item(item: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class TerminalWrite:
+    """The conditional terminal write's outcome: whether this chain won it, and the record."""
+
     won: bool
     #: Won: the record as written. Lost: the record as it was, or None if it does not exist.
     record: dict[str, Any] | None = None

@@ -7,11 +7,10 @@ import os
 from collections.abc import Callable
 
 from ..config.keys import KeyRing
-from ..config.settings import FanOutSettings
 from ..limits.budget import Budget
 from ..limits.lease import LeaseStore
 from ..limits.redisconn import ColdStartCheck
-from ..poll.fanout import FanOut, Lane
+from ..poll.fanout import FanOut, FanOutSettings, Lane
 from ..store.queue import PollQueue
 from ..store.records import JobStore
 from . import once

@@ -8,14 +8,13 @@ import os
 from typing import Any
 
 from ..config.keys import PerKey, SumeKey
-from ..config.settings import PollSettings
 from ..discovery.coverage import CoverageStore, CoverageView
 from ..limits.budget import Budget
 from ..limits.lease import LeaseStore
 from ..limits.redisconn import ColdStartCheck
 from ..poll.batch import BatchRunner
 from ..poll.cadence import Cadence
-from ..poll.poller import Poller
+from ..poll.poller import Poller, PollSettings
 from ..schedule.models import ModelCache
 from ..store.events import EventBus
 from ..store.queue import PollQueue

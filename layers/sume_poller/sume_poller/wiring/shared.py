@@ -12,9 +12,10 @@ from typing import Any
 from ..config.keys import KeyConfigError, KeyRing, Limits, SumeKey
 from ..config.settings import BudgetSettings, Common, KeySettings, RedisSettings, SumeSettings
 from ..core.observability import MetricUnit, metrics
-from ..limits.budget import Budget, LocalPacer
+from ..limits.budget import Budget
 from ..limits.gate import ReadGate
 from ..limits.lease import LeaseStore
+from ..limits.pacer import LocalPacer
 from ..limits.redisconn import ColdStartCheck, RedisMisconfigured, connect
 from . import once
 

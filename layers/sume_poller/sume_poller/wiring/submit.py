@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..config.keys import PerKey, SumeKey
-from ..config.settings import SubmitSettings
-from ..creates.submit import SubmitKey, Submitter
-from ..limits.budget import NO_DAY_RESERVE, LocalPacer
+from ..creates.submit import SubmitKey, SubmitSettings, Submitter
+from ..limits.budget import NO_DAY_RESERVE
 from ..limits.lease import LeaseStore
+from ..limits.pacer import LocalPacer
 from ..limits.redisconn import ColdStartCheck
 from ..schedule.models import ModelCache
 from ..store.queue import PollQueue

@@ -8,9 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config.keys import KeyRing, PerKey, SumeKey
-from ..config.settings import SweepFunctionSettings
 from ..discovery.coverage import CoverageStore
-from ..discovery.sweep import Sweeper, Sweeps, SweepSettings
+from ..discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps, SweepSettings
 from ..limits.lease import LeaseStore
 from ..limits.redisconn import ColdStartCheck
 from ..store.queue import PollQueue

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 
 from ..config.keys import Limits, PerKey
-from ..config.settings import WebhookSettings
 from ..discovery.coverage import CoverageStore
-from ..discovery.webhook import WebhookReceiver
+from ..discovery.webhook import WebhookReceiver, WebhookSettings
 from ..limits.lease import LeaseStore
 from ..store.queue import PollQueue
 from ..store.records import JobStore
