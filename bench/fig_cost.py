@@ -204,7 +204,7 @@ def _chain_schedule(stack: Any, plan: list[tuple[float, str, float, bool]], warm
                     seed: int) -> float:
     """Mean :func:`chain_reads` of the jobs that arrive in the window, on each kind's model as the seeded
     statistics fit it and the poll function's bounds."""
-    from sume_poller.config.settings import PollSettings
+    from sume_poller.poll.poller import PollSettings
     from sume_poller.schedule.durations import intervals_from, model_from
     from sume_poller.schedule.models import HALF_LIFE
     from sume_poller.schedule.planner import Bounds

@@ -161,9 +161,8 @@ def _tick_capacity(svc: Services, n: int, trials: int, seed: int, starts_per_sec
     every job's lease tried, nothing sent), timed on moto; what one tick covers within its period, here and
     on AWS by the same calls at in-region latencies (figure cost's model: its CPU time x 1769/512 at 512 MB)."""
     from bench.fig_cost import CPU_FACTOR, LATENCY_MS, REDIS_MS
-    from sume_poller.config.settings import FanOutSettings
     from sume_poller.limits.lease import LeaseStore, new_token
-    from sume_poller.poll.fanout import FanOut
+    from sume_poller.poll.fanout import FanOut, FanOutSettings
     from sume_poller.store.queue import PollQueue
     from sume_poller.store.records import JobStore
     from sume_poller.wiring.shared import reads_budget
