@@ -13,7 +13,8 @@ Figures (column "ratio" is the number the target applies to):
   3         one 10-message batch / one Sume read (200 ms), vs Powertools' batch processors
   4         every function's cold start / floor (import boto3, redis, urllib3 + 2 clients), side by
             side in one run (poll's is the target); layer size
-  5a/5b/5c  fan-out: SendMessageBatch calls / minimum, Redis round trips / pages, throughput / raw loop
+  5a-5d     fan-out: SendMessageBatch calls / minimum, Redis round trips / pages, throughput / raw loop; the
+            pending jobs one tick covers within its period
   6         end to end, the template deployed into ministack (tools.stack's deployed backend)
   7         the learned read schedule: reads and delays vs static / optimum, and under a binding budget
             (a model-level simulation, bench/fig_schedule.py; needs bench/requirements.txt)
@@ -31,6 +32,10 @@ Figures (column "ratio" is the number the target applies to):
   keys      one deployment serving many Sume keys: four keys' served/budget and 429s/attempts in one run,
             and a key's p95 detection delay beside a key with 1,000 pending jobs / alone (a virtual
             clock, bench/fig_keys.py)
+  cost      dollars per 1,000 jobs and a month at 1,000 / 10,000 / 100,000 jobs a day, every billable call
+            counted on the in-process stack and priced at AWS's us-east-1 prices, per deployment (ElastiCache
+            Serverless, a node, a hosted Redis) beside Step Functions Standard and a scheduled Lambda over a
+            due-time index (bench/fig_cost.py)
 """
 
 from __future__ import annotations
@@ -47,7 +52,7 @@ from pathlib import Path
 from bench import ROOT, SCRATCH
 from bench.report import Row, environment_line, failed, markdown, now_utc, print_table, unavailable
 
-FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "keys")
+FIGURES = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "keys", "cost")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,8 +135,8 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
                    lambda: fig_batch.measure(svc, trials=3 if quick else 5))
         if "5" in chosen:
             from bench import fig_fanout
-            _guard(rows, "5 fan-out", "see 5a-5c", lambda: fig_fanout.measure(
-                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=1 if quick else 3, seed=args.seed))
+            _guard(rows, "5 fan-out", "see 5a-5d", lambda: fig_fanout.measure(
+                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=3 if quick else 5, seed=args.seed))
         if "1" in chosen:
             from bench import fig_reads
             _guard(rows, f"1 read amplification ({jobs} jobs per run)", f"<= {fig_reads.TARGET}",
@@ -155,6 +160,9 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "keys" in chosen:
         from bench import fig_keys
         _guard(rows, "keys many keys", "see keys", lambda: fig_keys.measure(quick=quick, seed=args.seed))
+    if "cost" in chosen:
+        from bench import fig_cost
+        _guard(rows, "cost per job", f"<= {fig_cost.TARGET}", lambda: fig_cost.measure(quick=quick, seed=args.seed))
     if "6" in chosen:
         from bench import fig_e2e
         if args.skip_e2e:

@@ -108,6 +108,47 @@ def test_a_fraction_of_a_start_left_ends_the_tick(parts: dict[str, object]) -> N
     assert report.started == int(granted_per_window(25)) and report.pages < 10 and not report.stopped_early
 
 
+def test_a_tick_that_reads_every_partition_whole_counts_from_its_pages_not_a_second_read(
+        parts: dict[str, object]) -> None:
+    """The pending count (the budget's reserve, the PendingJobs metric) comes from the pages a tick
+    read whole: no Select COUNT query, which DynamoDB bills like reading the records again."""
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    lease: LeaseStore = parts["lease"]  # type: ignore[assignment]
+    ids = [f"job_{i:03d}" for i in range(30)]
+    for job_id in ids:
+        store.put_pending(job_id, "image", now=NOW, deadline_at=int(NOW) + 3_600)
+    assert all(lease.start_many([(j, "live") for j in ids], 600_000))  # every chain alive: every page read whole
+    counts: list[str] = []
+    store._ddb.meta.events.register(
+        "before-parameter-build.dynamodb.Query", lambda params, **_: counts.append(params.get("Select", "items")))
+    report = tick(parts).report
+    assert (report.pending_counted, report.leased, report.started) == (30, 30, 0)
+    assert "COUNT" not in counts and len(counts) == report.pages  # the 4 outbox and 4 pending partitions' pages
+    budget: Budget = parts["budget"]  # type: ignore[assignment]
+    assert int(budget.state()["pending"]) == 30
+
+
+def test_chains_whose_first_message_sqs_refuses_are_not_started_and_keep_no_lease(
+        parts: dict[str, object]) -> None:
+    """A start whose first message SQS does not take (here: the queue is gone) is undone on the tick's
+    thread: its start lease is freed, it counts as send_failed, not started; the next tick tries again."""
+    store: JobStore = parts["store"]  # type: ignore[assignment]
+    lease: LeaseStore = parts["lease"]  # type: ignore[assignment]
+    sqs = parts["sqs"]
+    ids = [f"job_{i:03d}" for i in range(12)]
+    for job_id in ids:
+        store.put_pending(job_id, "image", now=NOW, deadline_at=int(NOW) + 3_600)
+    gone = sqs.create_queue(QueueName="sume-fanout-gone")["QueueUrl"]  # type: ignore[attr-defined]
+    sqs.delete_queue(QueueUrl=gone)  # type: ignore[attr-defined]
+    settings: FanOutSettings = parts["settings"]  # type: ignore[assignment]
+    report = FanOut(settings, store, PollQueue(gone, settings.common.clock, sqs=sqs), lease,
+                    parts["budget"], lambda: 50_000).run()  # type: ignore[arg-type]
+    assert (report.started, report.send_failed) == (0, 12), report.as_dict()
+    assert not any(lease.held(ids))
+    report = tick(parts).report  # the queue that exists: every chain starts now
+    assert (report.started, report.send_failed) == (12, 0) and all(lease.held(ids))
+
+
 def test_an_outbox_whose_publish_claim_is_held_is_left_to_its_holder(parts: dict[str, object]) -> None:
     """A terminal write that just won holds the publish claim (its record's chain_due_at, projected into
     the pending index): fan-out sends nothing for it until the claim expires, then the outbox message."""

@@ -36,6 +36,7 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -66,6 +67,9 @@ class FanOutSettings(FunctionSettings):
     safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
 
 PAGE_SIZE = 100
+#: Start batches in flight on the sender thread while the next page is read and leased: the tick's
+#: SQS calls overlap its index reads and Redis round trips instead of following them.
+SENDS_IN_FLIGHT = 2
 #: The longest wait (clock seconds) before an unfinished outbox is sent again.
 OUTBOX_BACKOFF_MAX = 3_600.0
 
@@ -145,8 +149,12 @@ class FanOut:
         self.report = FanOutReport()
         self.lane = self.lanes[0]
         #: Chains started (leases taken) whose first message is not sent yet: sent in full
-        #: SendMessageBatch calls across pages, the rest when the tick ends.
+        #: SendMessageBatch calls across pages, the rest when the lane ends.
         self._ready: list[tuple[dict[str, Any], str]] = []
+        #: Their sends on the sender thread, oldest first: the messages (job id -> message, token) and
+        #: the job ids SQS did not take. Each is settled on this thread (unsent: lease freed).
+        self._in_flight: list[tuple[dict[str, tuple[PollMessage, str]], Future[set[str]]]] = []
+        self._sender: ThreadPoolExecutor | None = None
 
     @property
     def budget(self) -> Budget:
@@ -155,10 +163,14 @@ class FanOut:
     def run(self) -> FanOutReport:
         self._outbox()
         turn = int(self.clock.now() // max(self.s.period, 1.0)) % len(self.lanes)
-        for lane in self.lanes[turn:] + self.lanes[:turn]:  # the keys take turns at going first
-            self.lane = lane
-            if not self._lane():
-                break
+        try:
+            for lane in self.lanes[turn:] + self.lanes[:turn]:  # the keys take turns at going first
+                self.lane = lane
+                if not self._lane():
+                    break
+        finally:
+            if self._sender is not None:  # every send was settled when its lane ended
+                self._sender.shutdown()
         if self.create_queue is not None and not self.report.redis_unavailable:
             self._drains()
         return self.report
@@ -190,7 +202,6 @@ class FanOut:
     def _lane(self) -> bool:
         """One key's chains; False when Redis cannot be asked (no key's chains can start)."""
         started = self.report.started
-        self._count()
         try:
             allowance = self._allowance()
             self.report.allowance += allowance
@@ -200,22 +211,33 @@ class FanOut:
             self.report.redis_unavailable = kind == UNAVAILABLE
             self.report.redis_misconfigured = kind == MISCONFIGURED
             logger.error(f"{kind}: fan-out starts no chain this tick", extra=describe(exc))
+            self._count({})
             return False
+        seen: dict[int, int] = {}
         try:
-            self._pending(cursor, started + allowance)
+            self._pending(cursor, started + allowance, seen)
         finally:
             self._flush()
         self.report.started_by_key[self.lane.key] = self.report.started - started
+        self._count(seen)
         return True
 
     @property
     def cursor_key(self) -> str:
         return f"{self.lane.scope}!fanout-cursor"
 
-    def _count(self) -> None:
-        """The key's pending jobs, for its budget's max-gap backstop and the sweeps' cost rule (one
-        COUNT query per partition, whatever the start allowance)."""
-        count = sum(self.store.count(self.lane.shard(f"p{i:02d}")) for i in range(self.s.jobs.pending_shards))
+    def _count(self, seen: dict[int, int]) -> None:
+        """The key's pending jobs, for its budget's day reserve and max-gap backstop and the sweeps'
+        cost rule, told after the tick's starts (its own allowance used the count the last tick told).
+        ``seen``: the partitions this tick read whole, with the records their pages held - a COUNT
+        query of one would read the same records again (DynamoDB bills a COUNT by the data it reads);
+        the others get one (a tick stopped by its allowance, one that found Redis down). A tick out of
+        time leaves them uncounted rather than overrun: the budget keeps the last count."""
+        shards = range(self.s.jobs.pending_shards)
+        if any(i not in seen for i in shards) and self.remaining_ms() < self.s.safety_margin_ms:
+            logger.warning("pending jobs not counted this tick (out of time)", extra={"key": self.lane.key})
+            return
+        count = sum(seen[i] if i in seen else self.store.count(self.lane.shard(f"p{i:02d}")) for i in shards)
         self.report.pending_by_key[self.lane.key] = count
         self.report.pending_counted = (self.report.pending_counted or 0) + count
         with contextlib.suppress(*RedisFailure):
@@ -302,11 +324,13 @@ class FanOut:
             pipe.execute()
         return due
 
-    def _pending(self, cursor: Cursor, allowance: float) -> None:
-        """Start the lane's chains until ``allowance`` (counting every lane's starts so far)."""
+    def _pending(self, cursor: Cursor, allowance: float, seen: dict[int, int]) -> None:
+        """Start the lane's chains until ``allowance`` (counting every lane's starts so far); ``seen``
+        gets the record count of each partition read whole, from its first page to its last."""
         shards = self.s.jobs.pending_shards
         starts = allowance if math.isinf(allowance) else math.floor(allowance)
         for _ in range(shards):
+            records = 0 if cursor.key is None else None  # None: the partition's head is not read here
             while True:
                 if self._out_of_time() or self.report.started >= starts:
                     self._save_cursor(cursor)
@@ -314,6 +338,7 @@ class FanOut:
                 shard = self.lane.shard(f"p{cursor.shard:02d}")
                 items, last = self.store.pending_page(shard, cursor.key, self.page_size)
                 self.report.pages += 1
+                records = None if records is None else records + len(items)
                 now = self.clock.now()
                 valid = self._valid(items)
                 cursor.oldest = min([cursor.oldest or math.inf, *(float(j["submitted_at"]) for j in valid
@@ -331,6 +356,8 @@ class FanOut:
                 cursor.key = last
                 if not last:
                     break
+            if records is not None:
+                seen[cursor.shard] = records
             cursor.shard = (cursor.shard + 1) % shards
             cursor.key = None
             if cursor.shard == 0:  # a whole round of the pending index: its oldest submission is known
@@ -345,11 +372,11 @@ class FanOut:
             self.budget.mailbox.set_oldest_pending(self.clock.now() if oldest is None or math.isinf(oldest) else oldest)
 
     def _start_and_send(self, jobs: list[dict[str, Any]]) -> None:
-        jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key
         """Start a chain for each job whose lease is free (one pipelined round trip); its first
         message goes out with the next full batch. A held lease means the job has a live chain."""
         if not jobs:
             return
+        jobs = [{**j, "key": self.lane.key} if self.lane.named else j for j in jobs]  # messages name the key
         tokens = [new_token() for _ in jobs]
         taken = self.lease.start_many([(j["job_id"], t) for j, t in zip(jobs, tokens, strict=True)],
                                       self.s.lease.start_ttl * 1000)
@@ -361,13 +388,32 @@ class FanOut:
             self._flush(len(self._ready) // SQS_BATCH * SQS_BATCH)
 
     def _flush(self, count: int | None = None) -> None:
-        """Send the first ``count`` ready messages (all by default)."""
+        """Send the first ``count`` ready messages on the sender thread, at most SENDS_IN_FLIGHT
+        batches ahead of this one; without ``count``, all of them, and wait until every send is
+        settled (a lane ends with nothing in flight)."""
         batch = self._ready[:count]
         self._ready = self._ready[len(batch):]
         if batch:
-            self.report.started -= len(batch) - self._send(batch, lease=True)
+            if len(self._in_flight) >= SENDS_IN_FLIGHT:
+                self._settle(*self._in_flight.pop(0))
+            messages = self._messages(batch, lease=True)
+            self._sender = self._sender or ThreadPoolExecutor(max_workers=1, thread_name_prefix="fanout-send")
+            self._in_flight.append((messages, self._sender.submit(self.queue.send, self._outgoing(messages))))
+        while count is None and self._in_flight:
+            self._settle(*self._in_flight.pop(0))
 
-    def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
+    def _settle(self, messages: dict[str, tuple[PollMessage, str]], sent: Future[set[str]]) -> None:
+        """A start batch's send is done: the chains whose first message SQS did not take are not started
+        (their leases freed: the next tick tries again)."""
+        try:
+            unsent = sent.result()
+        except Exception:  # PollQueue.send reports what failed; anything else fails the whole batch
+            unsent = set(messages)
+        self._unsent(messages, unsent, lease=True)
+        self.report.started -= len(unsent)
+
+    def _messages(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> dict[str, tuple[PollMessage, str]]:
+        """Each job's first message (job id -> message, token), due now."""
         now = self.clock.now()
         messages = {}
         for job, token in starts:
@@ -377,13 +423,25 @@ class FanOut:
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
                               phase=STATUS_PHASE if lease else OUTBOX_PHASE, key=job.get("key") if lease else None)
             messages[job["job_id"]] = (msg, token)
-        unsent = self.queue.send(Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items())
-        for job_id in unsent if lease else ():  # free the lease: the next tick tries again
+        return messages
+
+    @staticmethod
+    def _outgoing(messages: dict[str, tuple[PollMessage, str]]) -> list[Outgoing]:
+        return [Outgoing(job_id, m.to_json(), 0.0) for job_id, (m, _) in messages.items()]
+
+    def _unsent(self, messages: dict[str, tuple[PollMessage, str]], unsent: set[str], *, lease: bool) -> None:
+        """Messages SQS did not take: counted and logged; a start's lease is freed (the next tick tries again)."""
+        for job_id in unsent if lease else ():
             with contextlib.suppress(*RedisFailure):
                 self.lease.release(job_id, f"{messages[job_id][1]}:0")
         if unsent:
             logger.error("poll messages not sent; the next fan-out tick tries again", extra={"count": len(unsent)})
         self.report.send_failed += len(unsent)
+
+    def _send(self, starts: list[tuple[dict[str, Any], str]], *, lease: bool) -> int:
+        messages = self._messages(starts, lease=lease)
+        unsent = self.queue.send(self._outgoing(messages))
+        self._unsent(messages, unsent, lease=lease)
         return len(messages) - len(unsent)
 
     def _valid(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
