@@ -26,9 +26,10 @@ from sume_poller.core.aws import error_code
 from sume_poller.core.clock import Clock
 from sume_poller.discovery.coverage import CoverageStore
 from sume_poller.discovery.deliveries import DeliveryStore
-from sume_poller.limits.budget import Budget, LocalPacer, RateInfo
+from sume_poller.limits.budget import Budget, RateInfo
 from sume_poller.limits.gate import ReadGate
 from sume_poller.limits.lease import ChainStep, LeaseStore
+from sume_poller.limits.pacer import LocalPacer
 from sume_poller.limits.redisconn import Breaker
 from sume_poller.store.records import Ending, JobStore, ResultBucket
 from sume_poller.store.submissions import queue_item, queued_record
@@ -69,8 +70,8 @@ def redis_scenario(client: Any) -> list[Any]:
             out.append(("confirm", budget.take("confirm", slot=clock[0] + grant.wait)))
             out.append(("rconfirm", budget.take("rconfirm", slot=clock[0] + grant.wait + 1.5)))
     budget.open_lane(0.1, NOW + 3600)
-    budget.set_pending(7)
-    budget.set_oldest_pending(NOW - 12.5)
+    budget.mailbox.set_pending(7)
+    budget.mailbox.set_oldest_pending(NOW - 12.5)
     budget.feedback(RateInfo(limit=30, remaining=4, reset=17.0, policy=((60, 30), (86_400, 1000))))
     budget.feedback(RateInfo(retry_after=3.0))
     budget.feedback(RateInfo(limit=1000, remaining=200, reset=40_000.0))

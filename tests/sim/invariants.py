@@ -296,6 +296,9 @@ class Checker:
                     self.fail("submissions", None, f"queue item {key} left at the end")
         for crash in world.crashes:
             self.fail("crash", None, crash)
+        for call in world.sched.foreign:
+            self.fail("threads", None, f"a service call from a thread the scheduler does not run ({call}): "
+                      "a pool or thread the layer starts needs its shim in tests/sim/world.py")
 
     def _finished(self, job: str, record: dict[str, Any], complete: bool) -> None:
         status = _s(record, "status")

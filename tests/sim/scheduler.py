@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,6 +122,10 @@ class Scheduler:
         #: deep orderings uniform picks rarely reach), now and then a random pick or a new priority.
         self.mode = mode
         self.main = greenlet.getcurrent()
+        #: The one OS thread every actor runs on; a service call from any other (a real thread the layer
+        #: started that no shim replaced) cannot be scheduled: it is noted here and fails.
+        self.thread = threading.get_ident()
+        self.foreign: list[str] = []
         self.current: Actor | None = None
         self._runnable: list[Actor] = []
         #: Actors spawned and not started yet: the scheduler runs each to its first point at once
@@ -185,6 +190,9 @@ class Scheduler:
         actor = self.current
         if actor is None:  # not inside a run (a test's direct call): nothing to schedule
             return
+        if threading.get_ident() != self.thread:
+            self.foreign.append(f"{actor.name}: {label}")
+            raise RuntimeError(f"{label}: a service call from an OS thread the scheduler does not run")
         if actor.killed:
             raise Killed()
         actor.label = label
@@ -390,8 +398,8 @@ class SimFuture:
 
 
 class SimExecutor:
-    """Stands in for the batch adapter's ``ThreadPoolExecutor``: each task is an actor of the same
-    invocation (a worker thread of the same Lambda)."""
+    """Stands in for the layer's ``ThreadPoolExecutor`` (the batch adapter's workers, fan-out's sender):
+    each task is an actor of the same invocation (a worker thread of the same Lambda)."""
 
     def __init__(self, sched: Scheduler, invocation: Callable[[], Invocation], name: str,
                  report: Callable[[Actor, Any, BaseException | None], None] | None = None) -> None:

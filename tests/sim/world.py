@@ -21,6 +21,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import botocore.endpoint
@@ -77,7 +78,8 @@ def deterministic(seed: int, sched: Scheduler) -> Iterator[None]:
     (``secrets.token_hex``: chain tokens, nonces, job and request ids), the global ``random`` seeded
     (jitter, botocore's backoff), no wall clock and no real sleep (the batch's deadline, the key
     check's slot wait, botocore's retry sleep: the scheduler's clock), the layer's locks waiting on the
-    scheduler (:class:`~tests.sim.scheduler.SimThreading`), and logging off (cost)."""
+    scheduler (:class:`~tests.sim.scheduler.SimThreading`), its thread pools' tasks actors of the
+    caller's invocation (:class:`~tests.sim.scheduler.SimExecutor`), and logging off (cost)."""
     tokens = random.Random(seed ^ 0x5EED)
 
     def token_hex(nbytes: int | None = None) -> str:
@@ -100,13 +102,21 @@ def deterministic(seed: int, sched: Scheduler) -> Iterator[None]:
             return sched.now
 
     shim = SimThreading(sched, threading)
+
+    def executor(max_workers: int | None = None, thread_name_prefix: str = "") -> SimExecutor:
+        """A pool the layer starts during a run (fan-out's sender): its tasks are actors of the caller's
+        invocation, so their service calls are scheduled like every other."""
+        return SimExecutor(sched, lambda: sched.current.invocation, thread_name_prefix or "pool")  # type: ignore[union-attr]
+
     patches: list[tuple[Any, str, Any]] = [
         (secrets, "token_hex", token_hex),
         (batch_module, "Deadline", lambda seconds: Deadline(seconds, now=sched.clock)),
         (gate_module, "time", SimTime),
         (botocore.endpoint, "time", SimTime),
         *((m, "threading", shim) for name, m in sorted(sys.modules.items())
-          if name.startswith("sume_poller") and getattr(m, "threading", None) is threading)]
+          if name.startswith("sume_poller") and getattr(m, "threading", None) is threading),
+        *((m, "ThreadPoolExecutor", executor) for name, m in sorted(sys.modules.items())
+          if name.startswith("sume_poller") and getattr(m, "ThreadPoolExecutor", None) is ThreadPoolExecutor)]
     saved = [(target, name, getattr(target, name)) for target, name, _ in patches]
     state = random.getstate()
     for target, name, value in patches:
