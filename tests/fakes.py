@@ -354,18 +354,48 @@ class FakeStore:
         from sume_poller.store.submissions import submission_id
         return self.get(submission_id(key_id, idempotency_key))
 
-    def enqueue(self, item: dict[str, Any], submission: dict[str, Any]) -> bool:
-        if item["job_id"] in self.records or submission["job_id"] in self.records:
+    def enqueue(self, item: dict[str, Any], submission: dict[str, Any], unknown_creates: int | None = None) -> bool:
+        old = self.records.get(submission["job_id"])
+        if item["job_id"] in self.records:
             return False
-        self.records[item["job_id"]], self.records[submission["job_id"]] = dict(item), dict(submission)
+        if unknown_creates is None:
+            if old is not None:
+                return False
+            record = dict(submission)
+        else:
+            if old is None or "status" in old or old.get("unknown_creates") != unknown_creates:
+                return False
+            record = {**submission, "unknown_creates": unknown_creates}
+        self.records[item["job_id"]], self.records[submission["job_id"]] = dict(item), record
         return True
 
     def put_submission(self, record: dict[str, Any]) -> bool:
         old = self.records.get(record["job_id"])
-        if old is not None and old.get("status") != "queued":
+        if old is not None and old.get("status") not in (None, "queued"):
             return False
         self.records[record["job_id"]] = {k: v for k, v in record.items() if v is not None}
         return True
+
+    def note_create(self, key_id: str, idempotency_key: str, queue_item: str | None, *, now: float) -> bool:
+        from sume_poller.store.submissions import submission_id
+        sid = submission_id(key_id, idempotency_key)
+        old = self.records.get(sid)
+        if queue_item is None:
+            if old is not None and old.get("status") not in (None, "queued"):
+                return False
+        elif old is None or old.get("status") != "queued" or old.get("queue_item") != queue_item:
+            return False
+        record = self.records.setdefault(sid, {"job_id": sid})
+        record["unknown_creates"] = record.get("unknown_creates", 0) + 1
+        record["create_attempts"] = record.get("create_attempts", 0) + 1
+        record["last_create_at"] = round(now, 3)
+        return True
+
+    def create_answered(self, key_id: str, idempotency_key: str) -> None:
+        from sume_poller.store.submissions import submission_id
+        record = self.records.get(submission_id(key_id, idempotency_key))
+        if record is not None and record.get("status") in (None, "queued") and record.get("unknown_creates", 0) > 0:
+            record["unknown_creates"] -= 1
 
     def settle_submission(self, key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
         record = self.submission(key_id, idempotency_key)

@@ -20,7 +20,8 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if isinstance(event, dict) and "Records" in event:  # the create queue: drain steps
         report = wiring.drainer().run(event, context.get_remaining_time_in_millis)
         for name, value in (("SubmissionsCreatedFromQueue", report.created), ("SubmissionsExpired", report.expired),
-                            ("SubmissionsRejectedFromQueue", report.rejected)):
+                            ("SubmissionsRejectedFromQueue", report.rejected), ("CreateReplays", report.replayed),
+                            ("SubmissionsExpiredUnknown", report.expired_unknown)):
             if value:
                 metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
         return report.response()

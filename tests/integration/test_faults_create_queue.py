@@ -155,3 +155,43 @@ def test_a_queued_submission_whose_create_outcome_is_unknown_at_its_deadline_is_
     job_id = record["job_ids"][0]
     stack.drive(lambda: stack.settled([job_id]), timeout=60, fanout_every=1.0)
     assert stack.record(job_id)["status"] == "completed"  # type: ignore[index]
+
+
+def test_a_drain_step_dying_after_a_create_of_unknown_outcome_leaves_the_evidence_on_the_record(
+        slow_stack: InProcessStack) -> None:
+    """The queue's head is created at Sume but answered after the client gave up, and the step dies
+    before it re-queues itself: its message's count of failed creates is lost with it, and the drain
+    that fan-out restarts reads the head at its deadline. The create was noted on the submission
+    record before it was sent, so the head's create is replayed with its Idempotency-Key and the job
+    Sume billed is watched. Before: rejected at the deadline without a replay, a billed job nobody
+    watched."""
+    from sume_poller.wiring import submit as wiring
+
+    stack = slow_stack
+    first, slow = event(0), event(1)
+    slow["params"]["sim"] = {"duration": 2, "create_faults": ["slow:7000"]}  # created at once, answered in 7 s
+    assert [stack.submit(first)["status"], stack.submit(slow)["status"]] == ["submitted", "queued"]
+    drainer = wiring.drainer()
+    rest, died = drainer._next, []
+
+    def die_once(*args: Any, **kwargs: Any) -> None:
+        if not died and kwargs.get("errors"):  # the step after the create that got no answer
+            died.append(kwargs["errors"])
+            raise RuntimeError("injected: the step dies after its create, before it re-queues itself")
+        rest(*args, **kwargs)
+
+    drainer._next = die_once  # type: ignore[method-assign]
+    try:
+        stack.drive(lambda: settled(stack, [slow["idempotency_key"]]), timeout=90, fanout_every=1.0)
+    finally:
+        del drainer._next  # the class's method again
+    assert died == [1], "the fault was injected"
+    record = submission(stack, slow["idempotency_key"])
+    assert record["status"] == CREATED and record["replayed"] is True and len(record["job_ids"]) == 1
+    assert record["settled_at"] >= record["deadline_at"] and record["create_attempts"] == 2
+    assert stack.metric_totals().get("CreateReplays", 0) >= 1  # the replay at the deadline, not a plain retry
+    stats = stack.sim.stats()
+    assert (stats["creates"], stats["replays"]) == (2, 1)  # billed once: the replay returned the same job
+    job_id = record["job_ids"][0]
+    stack.drive(lambda: stack.settled([job_id]), timeout=60, fanout_every=1.0)
+    assert stack.record(job_id)["status"] == "completed"  # type: ignore[index]

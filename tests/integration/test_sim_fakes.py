@@ -189,6 +189,23 @@ def dynamo_scenario(store: JobStore, ddb: Any) -> list[Any]:
     store.dequeue(items[0]["job_id"])
     store.dequeue(items[0]["job_id"])
     out += [store.queue_head("default", limit=5), store.submission("default", "key-0x")]
+    # creates noted before they are sent: an attempt record, queued over it with its count, settled
+    late = queue_item("default", kind="image", params={"p": 9}, idempotency_key="key-9x", derived=False,
+                      arrived=NOW + 9, deadline_at=NOW + 60)
+    out += [store.note_create("default", "key-9x", None, now=NOW),
+            store.note_create("default", "key-9x", None, now=NOW),
+            store.create_answered("default", "key-9x"), store.submission("default", "key-9x"),
+            store.enqueue(late, queued_record(late), unknown_creates=2),  # stale count: refused
+            store.enqueue(late, queued_record(late), unknown_creates=1),
+            store.note_create("default", "key-9x", "#q:other", now=NOW + 1),  # not queued by that item
+            store.note_create("default", "key-9x", late["job_id"], now=NOW + 1), store.submission("default", "key-9x"),
+            store.put_submission({"job_id": "#sub:default:key-9x", "status": "created"}),
+            store.note_create("default", "key-9x", None, now=NOW + 2), store.create_answered("default", "key-9x"),
+            store.put_submission({"job_id": "#sub:default:key-8x", "status": "rejected"}),
+            store.note_create("default", "key-7x", None, now=NOW), store.create_answered("default", "key-7x"),
+            store.create_answered("default", "key-7x"), store.put_submission({"job_id": "#sub:default:key-7x",
+                                                                               "status": "created"}),
+            store.submission("default", "key-9x"), store.submission("default", "key-7x")]
     key = {"job_id": {"S": "job_4"}}
     out += [attempt(lambda: ddb.update_item(TableName="jobs", Key=key, UpdateExpression="SET a = :a",
                                             ExpressionAttributeValues={":a": {"N": "1"}, ":b": {"N": "2"}})),

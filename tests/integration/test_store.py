@@ -137,3 +137,36 @@ def test_a_finished_record_expires_only_once_its_event_is_out_and_only_with_a_re
     kept.put_pending("job_e3", "image", now=NOW, deadline_at=int(NOW) + 60)
     assert not kept.clear_outbox("job_e3", now=NOW + 2)  # a pending job has no outbox: it never expires
     assert EXPIRES_AT not in kept.get("job_e3")  # type: ignore[operator]
+
+
+def test_creates_are_counted_on_the_submission_record_before_they_are_sent(store: JobStore) -> None:
+    from sume_poller.store.submissions import queue_item, queued_record
+
+    # submit's own creates: an attempt record (no status), one answered without creating anything
+    assert store.note_create("default", "order-1", None, now=NOW) and store.note_create("default", "order-1", None,
+                                                                                        now=NOW + 1)
+    store.create_answered("default", "order-1")  # a 429: that one is known
+    attempt = store.submission("default", "order-1")
+    assert attempt is not None and "status" not in attempt
+    assert (attempt["unknown_creates"], attempt["create_attempts"], attempt["last_create_at"]) == (1, 2, NOW + 1)
+    # queued over the attempt record, the count carried - only while it is the count read
+    item = queue_item("default", kind="image", params={}, idempotency_key="order-1", derived=False, arrived=NOW,
+                      deadline_at=NOW + 60)
+    assert not store.enqueue(item, queued_record(item), unknown_creates=0)
+    assert store.enqueue(item, queued_record(item), unknown_creates=1)
+    queued = store.submission("default", "order-1")
+    assert queued is not None and (queued["status"], queued["unknown_creates"]) == ("queued", 1)
+    # the drain's create of that head, and only of that head
+    assert not store.note_create("default", "order-1", "#q:default:another", now=NOW + 2)
+    assert store.note_create("default", "order-1", item["job_id"], now=NOW + 2)
+    assert store.submission("default", "order-1")["unknown_creates"] == 2  # type: ignore[index]
+    # settled: nothing more is sent, nothing more counted
+    assert store.settle_submission("default", "order-1", item["job_id"], {"status": "created", "job_ids": ["job_1"]})
+    assert not store.note_create("default", "order-1", None, now=NOW + 3)
+    assert not store.note_create("default", "order-1", item["job_id"], now=NOW + 3)
+    store.create_answered("default", "order-1")
+    assert store.submission("default", "order-1")["unknown_creates"] == 2  # type: ignore[index]
+    # a direct create settles over its attempt record
+    assert store.note_create("default", "order-2", None, now=NOW)
+    assert store.put_submission({"job_id": "#sub:default:order-2", "status": "created", "job_ids": ["job_2"]})
+    assert not store.put_submission({"job_id": "#sub:default:order-2", "status": "rejected"})

@@ -591,13 +591,15 @@ class Script:
 
 class Client(Commands):
     """The layer's Redis client. ``gate`` is called before each command (or pipeline) is sent, with
-    its name; it may raise a connection error (Redis down). ``lost`` says whether the reply of the
+    its name and arguments (a pipeline's: its commands and theirs); it may raise a connection error
+    (Redis down). ``lost`` says whether the reply of the
     command that just ran is lost (a timeout after Redis ran it). Either is retried once, as the
     layer's client does (``Retry(NoBackoff(), 1)``)."""
 
     is_cluster = False
 
-    def __init__(self, server: Server, gate: Callable[[str, list[str] | None], None] = lambda name, args: None,
+    def __init__(self, server: Server,
+                 gate: Callable[..., None] = lambda name, args, commands=None: None,
                  lost: Callable[[], bool] = lambda: False) -> None:
         self.server = server
         self.gate = gate
@@ -651,7 +653,7 @@ class Pipeline(Commands):
         client = self.client
 
         def once() -> list[Any]:
-            client.gate(f"pipeline {queued[0][0] if queued else ''}", None)
+            client.gate(f"pipeline {queued[0][0] if queued else ''}", None, [(n, t) for n, t, _ in queued])
             replies: list[Any] = []
             for name, texts, convert in queued:
                 try:

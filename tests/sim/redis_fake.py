@@ -28,7 +28,7 @@ class RedisWorld:
         #: (start, end) of every outage, and the clock times Redis lost its data.
         self.outages: list[tuple[float, float]] = []
         self.losses: list[float] = []
-        #: Called before each single command with (actor, command name, its arguments).
+        #: Called before each command - alone or in a pipeline - with (actor, command name, its arguments).
         self.observers: list[Callable[[Any, str, list[str]], None]] = []
         self._client = Client(self.server, self._gate, self._lost)
         #: The layer's socket timeout (``REDIS_TIMEOUT``, real seconds): a command held up longer fails.
@@ -42,7 +42,8 @@ class RedisWorld:
         """The layer's client (one per world: each command is a call of its own)."""
         return self._client
 
-    def _gate(self, name: str, args: list[str] | None) -> None:
+    def _gate(self, name: str, args: list[str] | None, commands: list[tuple[str, list[str]]] | None = None) -> None:
+        """One round trip (``commands``: a pipeline's, each told to the observers as a command alone is)."""
         sent = self.sched.now
         self.sched.point(f"redis {name}")
         if self.sched.now - sent > self.timeout:  # the caller was paused past its socket timeout
@@ -51,9 +52,9 @@ class RedisWorld:
         if self.down:
             self.sched.note_fault("redis down")
             raise RedisConnectionError("Error 111 connecting to redis. Connection refused (simulated outage).")
-        if args is not None:
+        for command, arguments in ([(name, args)] if args is not None else []) + list(commands or ()):
             for observer in self.observers:
-                observer(self.sched.current, name, args)
+                observer(self.sched.current, command, arguments)
 
     def _lost(self) -> bool:
         if self.sched.current is None or not self.faults.take("redis_lost_reply"):

@@ -107,7 +107,8 @@ def _again(world: World, event: dict[str, Any]) -> None:
 
 def _quiet(world: World) -> bool:
     """Nothing left to do: no submission to come, no message, no invocation, every job terminal
-    with its outbox done, no submission queued, no webhook planned."""
+    with its outbox done, no submission queued and no queue item left (one whose submission a
+    duplicate settled leaves when a drain reads it), no webhook planned."""
     if world.submissions_left > 0 or world.pending_retries > 0 or any(world.running.values()):
         return False
     if any(q.messages for q in (world.poll_queue, world.create_queue)):
@@ -116,7 +117,7 @@ def _quiet(world: World) -> bool:
         return False
     for key, item in world.ddb.tables["jobs"].items.items():
         status = item.get("status", {}).get("S")
-        if key.startswith("#sub:") and status == "queued":
+        if (key.startswith("#sub:") and status == "queued") or key.startswith("#q:"):
             return False
         if not key.startswith("#") and (status == "pending" or "event_pending" in item):
             return False

@@ -12,9 +12,17 @@ from fakes import FakeBudget, FakeClock, FakeLease, FakePacer, FakeQueue, FakeSt
 
 from sume_poller.config.keys import Limits, SumeKey
 from sume_poller.creates.createqueue import EXPIRED, DrainMessage, DrainMessageError, drain_lease, estimate_create_at
-from sume_poller.creates.drain import Drainer, DrainReport
-from sume_poller.creates.submit import CreateBudgetExhausted, SubmitKey, SubmitSettings, Submitter, one_key
+from sume_poller.creates.drain import REPLAY_WINDOW, Drainer, DrainReport
+from sume_poller.creates.submit import (
+    CreateBudgetExhausted,
+    SubmitKey,
+    SubmitRetryable,
+    SubmitSettings,
+    Submitter,
+    one_key,
+)
 from sume_poller.limits.budget import Grant, granted_per_window
+from sume_poller.limits.lease import ChainStep
 from sume_poller.store.submissions import CREATED, QUEUED, REJECTED, queue_item_id, submission_id
 from sume_poller.sume.client import Refused
 from sume_poller.sume.created import Created
@@ -186,7 +194,45 @@ def test_a_402_is_recorded_final_and_a_replay_answers_it(parts: Parts) -> None:
     assert parts.creates_sent() == 1
     parts.sume.creates = [Refused("key", 401, "unauthorized")]  # the key's refusal is not the submission's
     assert parts.submit(image("order-0010"))["status"] == "rejected"
-    assert parts.store.submission("default", "order-0010") is None
+    attempt = parts.store.submission("default", "order-0010")  # only its attempt record: no outcome, nothing unknown
+    assert attempt is not None and "status" not in attempt and attempt["unknown_creates"] == 0
+
+
+def test_a_direct_create_of_unknown_outcome_queued_after_it_keeps_the_evidence(parts: Parts) -> None:
+    # The create timed out (Sume may have created it), then the budget had no slot for the retry: the
+    # submission queues, and its record counts the create whose outcome is unknown.
+    parts.sume.creates = [retry(504)]
+    parts.creates.grants = [Grant(True, 0.0), Grant(False, 30.0), Grant(False, 30.0)]
+    assert parts.submit(image("order-0011"))["status"] == "queued" and parts.creates_sent() == 1
+    record = parts.store.submission("default", "order-0011")
+    assert record is not None and (record["status"], record["unknown_creates"]) == (QUEUED, 1)
+
+
+def test_a_direct_create_is_noted_on_a_duplicate_queued_meanwhile(parts: Parts) -> None:
+    parts.creates.grants = [Grant(False, 30.0), Grant(False, 30.0)]
+    assert parts.submit(image("order-0012"))["status"] == "queued"  # a duplicate, queued first
+    seen: list[Any] = []
+
+    def noted(kind: str, params: Any, idempotency_key: str, timeout: float | None = None) -> Any:
+        seen.append(dict(parts.store.submission("default", idempotency_key) or {}))
+        raise RuntimeError("the invocation died after Sume took the create")
+
+    parts.sume.create = noted  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):  # this one raced past the replay check and creates
+        parts.submitter._create(parts.keys(None), "image", {"prompt": "order-0012"}, "order-0012", lambda: 25_000)
+    assert [(r["status"], r["unknown_creates"]) for r in seen] == [(QUEUED, 1)]
+
+
+def test_a_direct_create_leaves_an_attempt_record_and_its_retry_creates_again(parts: Parts) -> None:
+    parts.sume.creates = [retry(504)] * 3
+    with pytest.raises(SubmitRetryable):
+        parts.submit(image("order-0013"))
+    attempt = parts.store.submission("default", "order-0013")
+    assert attempt is not None and "status" not in attempt and attempt["unknown_creates"] == 3
+    parts.sume.creates = [Created(("job_13",), "req_13", replayed=True)]
+    reply = parts.submit(image("order-0013"))  # the event again: an attempt record is no answer
+    assert (reply["status"], reply["job_ids"]) == ("submitted", ["job_13"]) and parts.creates_sent() == 4
+    assert parts.store.submission("default", "order-0013")["status"] == CREATED  # type: ignore[index]
 
 
 # -- drain.py: one step ----------------------------------------------------------------------------------
@@ -261,39 +307,103 @@ def test_a_head_past_its_deadline_is_rejected_and_never_created(parts: Parts) ->
     record = parts.store.submission("default", "order-0100")
     assert record is not None and record["status"] == REJECTED and record["error"]["code"] == EXPIRED
     assert nxt is not None and len(parts.queued()) == 1 and "unknown_attempts" not in record
-    # A head whose create attempts had an unknown outcome (timeouts) expires too when no create slot is
-    # free at its deadline for the replay, and its record says so; the slot its step had reserved and
-    # not spent is carried to the next head.
-    parts.creates.grants = [Grant(False, 30.0)]
+    # Create attempts Sume answered without creating anything (429s) leave nothing unknown: the next
+    # head expires as the first did, never created later; the slot its step had reserved and not
+    # spent is carried to the next head.
+    parts.store.note_create("default", "order-0101", parts.queued()[0], now=parts.clock.now())
+    parts.store.create_answered("default", "order-0101")
     report, last = step(parts, replace(nxt, errors=2, slot=parts.clock.now() + 30))
     record = parts.store.submission("default", "order-0101")
-    assert report.expired == 1 and record is not None and record["unknown_attempts"] == 2
+    assert report.expired == 1 and record is not None and record["status"] == REJECTED
+    assert "unknown_attempts" not in record and parts.creates_sent() == 0 and parts.creates.takes == takes
     assert last is not None and last.slot == pytest.approx(parts.clock.now() + 30) and last.errors == 0
-    assert parts.creates.modes[-1] == "ahead" and parts.creates_sent() == 0  # asked for the replay's slot, none
+
+
+def unknown_create_then_deadline(parts: Parts) -> DrainMessage:
+    """The head's create got no answer (a 503: Sume may have created it), then its deadline came."""
+    message = queue_two(parts)
+    parts.sume.creates = [retry(503)]
+    report, nxt = step(parts, message)
+    assert report.retried == 1 and nxt is not None and nxt.errors == 1
+    assert parts.store.submission("default", "order-0100")["unknown_creates"] == 1  # type: ignore[index]
+    parts.clock.advance(601)
+    return nxt
 
 
 @pytest.mark.parametrize(("answer", "status"), [
     (Created(("job_9",), "req_9", replayed=True), CREATED),  # an attempt had landed: Sume returns its job
     (Created(("job_9",), "req_9"), CREATED),  # none had: created now, as the caller asked
     (Refused("credits", 402, "insufficient_credits"), REJECTED),  # refused: Sume's answer recorded
-    (retry(503), REJECTED),  # no answer again: rejected, the outcome still unknown
 ])
-def test_a_head_at_its_deadline_after_attempts_of_unknown_outcome_is_replayed_once_before_it_is_rejected(
+def test_a_head_at_its_deadline_after_a_create_of_unknown_outcome_is_replayed_and_ends_known(
         parts: Parts, answer: object, status: str) -> None:
-    message = queue_two(parts)
-    parts.clock.advance(601)
+    nxt = unknown_create_then_deadline(parts)
     parts.sume.creates = [answer]
-    report, nxt = step(parts, replace(message, errors=2))
-    assert [k for kind, k in parts.sume.calls if kind == "create"] == ["order-0100"]  # its own Idempotency-Key
-    assert parts.creates.modes[-1] == "ahead" and parts.creates.patience[-1] == 0.0  # a slot ahead of the queue, now
+    report, after = step(parts, replace(nxt, errors=0))  # the message's count is not the evidence: the record is
+    assert [k for kind, k in parts.sume.calls if kind == "create"] == ["order-0100"] * 2  # its own Idempotency-Key
+    assert parts.creates.modes[-1] == "ahead" and parts.creates.patience[-1] == 0.0  # a slot ahead of the queue
+    assert report.replayed == 1 and report.expired == 0
     record = parts.store.submission("default", "order-0100")
-    assert record is not None and record["status"] == status and len(parts.queued()) == 1 and nxt is not None
+    assert record is not None and record["status"] == status and len(parts.queued()) == 1 and after is not None
     if status == CREATED:
         assert record["job_ids"] == ["job_9"] and parts.store.records["job_9"]["status"] == "pending"  # watched
-    elif isinstance(answer, Refused):
-        assert record["error"]["code"] == "insufficient_credits" and "unknown_attempts" not in record
     else:
-        assert record["error"]["code"] == EXPIRED and record["unknown_attempts"] == 3 and report.expired == 1
+        assert record["error"]["code"] == "insufficient_credits" and "unknown_attempts" not in record
+
+
+def test_a_replay_without_a_slot_or_an_answer_comes_again_until_its_window_ends(parts: Parts) -> None:
+    nxt = unknown_create_then_deadline(parts)
+    parts.creates.grants = [Grant(False, 45.0)]  # no create slot now, even ahead of the queue
+    report, again = step(parts, nxt)
+    assert report.expired == 0 and parts.creates_sent() == 1 and again is not None  # not rejected: it waits
+    assert parts.creates_queue.sent[-1].delay == pytest.approx(45.0)
+    parts.clock.advance(45)
+    parts.sume.creates = [retry(429, retry_after=20.0), retry(504)]  # Sume's window; then no answer again
+    report, again = step(parts, again)
+    assert report.replayed == 1 and report.expired == 0 and again is not None
+    assert parts.creates_queue.sent[-1].delay == pytest.approx(20.0)
+    assert parts.store.submission("default", "order-0100")["unknown_creates"] == 1  # type: ignore[index]  # the 429 is known
+    parts.clock.advance(20)
+    report, again = step(parts, again)
+    assert report.replayed == 1 and again is not None
+    assert parts.store.submission("default", "order-0100")["unknown_creates"] == 2  # type: ignore[index]
+    parts.clock.advance(REPLAY_WINDOW)  # no answer within the replay window: rejected, and it says why
+    report, _ = step(parts, again)
+    record = parts.store.submission("default", "order-0100")
+    assert report.expired == 1 and report.expired_unknown == 1 and parts.creates_sent() == 3
+    assert record is not None and record["error"]["code"] == EXPIRED and record["unknown_attempts"] == 2
+
+
+def test_a_drain_create_is_noted_before_it_is_sent_so_a_crash_after_it_leaves_the_evidence(parts: Parts) -> None:
+    message = queue_two(parts)
+    seen: list[Any] = []
+
+    def crash(kind: str, params: Any, idempotency_key: str, timeout: float | None = None) -> Any:
+        seen.append(parts.store.submission("default", idempotency_key)["unknown_creates"])  # type: ignore[index]
+        raise RuntimeError("the invocation died after Sume took the create")
+
+    parts.sume.create = crash  # type: ignore[method-assign]
+    report = parts.drainer().run({"Records": [{"messageId": "m1", "body": message.to_json()}]}, lambda: 25_000)
+    assert report.failures == ["m1"] and seen == [1]
+    del parts.sume.create  # the redelivery (the same message: errors 0) comes at the deadline
+    parts.lease.values.clear()
+    parts.clock.advance(601)
+    parts.sume.creates = [Created(("job_5",), "req_5", replayed=True)]
+    report, _ = step(parts, message)
+    record = parts.store.submission("default", "order-0100")
+    assert report.replayed == 1 and record is not None and (record["status"], record["job_ids"]) == (CREATED, ["job_5"])
+
+
+def test_a_create_is_not_sent_for_a_head_settled_meanwhile(parts: Parts) -> None:
+    message = queue_two(parts)
+    item = parts.queued()[0]
+    parts.store.settle_submission("default", "order-0100", item, {"status": CREATED, "job_ids": ["job_1"]})
+    drainer = parts.drainer()
+    report = DrainReport()
+    head = parts.store.get(item)  # read before a duplicate settled it
+    assert head is not None
+    drainer._create(parts.keys(None), message, ChainStep(message.token, 0, "n"), head, report, lambda: 25_000)
+    assert parts.creates_sent() == 0 and item not in parts.queued()
 
 
 def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts: Parts) -> None:

@@ -10,17 +10,22 @@ claim, rest, release), consumed by the submit function. One step:
    more after that, so a submission queued meanwhile starts a drain again);
 3. a head whose submission is settled already (a step that crashed after settling it, or a duplicate
    created without waiting) leaves the queue; a head past its deadline is recorded ``rejected``
-   with ``create_budget_exhausted`` (counted ``SubmissionsExpired``) and leaves it - unless create
-   attempts of it had an unknown outcome (Sume may have created and billed it): then, before it is
-   rejected, its create is replayed once with its Idempotency-Key on a create slot taken ahead of
-   the queue, now (the documented replay returns the job if an attempt landed, and creates it
-   otherwise: what the caller asked for), so it ends known - watched, or refused with Sume's answer;
-   only without a slot now (the day's creates spent, Sume's ``Retry-After``) or a replay that gets no
-   answer either is it rejected so (``unknown_attempts`` in its record); a head of a key the
-   configuration no longer holds is recorded ``rejected`` with ``key_removed``;
+   with ``create_budget_exhausted`` (counted ``SubmissionsExpired``) and leaves it - unless its
+   record counts creates of unknown outcome (``unknown_creates``: every create, submit's and the
+   drain's, is noted on the record before it is sent and taken back when Sume answers it without
+   creating anything - a 429, the key's refusal - so a timeout, a 5xx or a crash after sending
+   leaves the count): Sume may have created and billed it. Then its create is replayed with its
+   Idempotency-Key on a create slot taken ahead of the queue (the documented replay returns the
+   job if an attempt landed, and creates it otherwise: what the caller asked for), as soon as one
+   is free and again after Sume's ``Retry-After`` or a 5xx, for up to :data:`REPLAY_WINDOW` after
+   the deadline, so it ends known - watched, or refused with Sume's answer; only a replay window
+   without any answer rejects it so (``unknown_attempts`` in its record, counted
+   ``SubmissionsExpiredUnknown``); a head of a key the configuration no longer holds is recorded
+   ``rejected`` with ``key_removed``;
 4. one create slot of the key's budget: a slot further away is reserved and the step re-queues
    itself for it (the message carries the slot; a Lambda never waits);
-5. the create, with the submission's own Idempotency-Key: created -> the jobs are recorded and their
+5. the create, with the submission's own Idempotency-Key, noted on the record first (a record no
+   longer queued by this head: nothing is sent, the head leaves the queue): created -> the jobs are recorded and their
    chains started (:meth:`~sume_poller.creates.submit.Submitter.record_created`, as submit does), the record
    settled ``created`` with the job ids, the head leaves the queue; a 402 (or another refusal final
    for the submission) -> recorded ``rejected``; a 429, a 5xx, an unknown outcome or a refused key
@@ -48,14 +53,17 @@ from ..limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
 from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
-from ..store.submissions import CREATED, QUEUED, REJECTED
+from ..store.submissions import CREATED, QUEUED, REJECTED, UNKNOWN_CREATES
 from ..sume.client import Refused
 from ..sume.created import Created
 from .createqueue import EXPIRED, KEY_REMOVED, DrainMessage, DrainMessageError, drain_lease
-from .submit import KEY_REFUSALS, SubmitKey, SubmitSettings, Submitter
+from .submit import KEY_REFUSALS, SubmitKey, SubmitSettings, Submitter, not_created
 
 #: The longest backoff (clock seconds) between create attempts of one head after transient faults.
 BACKOFF_MAX = 300.0
+#: How long after its deadline a head whose creates had an unknown outcome is replayed (clock
+#: seconds) until Sume answers: a create slot ahead of the queue, Sume's 429s and 5xx waited out.
+REPLAY_WINDOW = 900.0
 
 
 @dataclass
@@ -69,6 +77,10 @@ class DrainReport:
     waited: int = 0
     retried: int = 0
     dropped: int = 0
+    #: Creates replayed at a head's deadline (creates of it had an unknown outcome).
+    replayed: int = 0
+    #: Heads rejected at their deadline though creates of them had an unknown outcome (no replay answered).
+    expired_unknown: int = 0
 
     def response(self) -> dict[str, Any]:
         return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failures]}
@@ -131,15 +143,18 @@ class Drainer:
             self.store.dequeue(item["job_id"])  # settled already: only its queue item was left
             self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
             return
-        if now >= float(item["deadline_at"]):
-            if msg.errors and self._replay(msg, step, item, report, remaining_ms):
+        deadline = float(item["deadline_at"])
+        if now >= deadline:
+            unknown = int(record.get(UNKNOWN_CREATES) or 0)
+            if unknown and now < deadline + REPLAY_WINDOW and self._replay(msg, step, item, report, remaining_ms):
                 return
-            unknown = {"unknown_attempts": msg.errors} if msg.errors else {}
-            if msg.errors:  # an attempt's outcome is unknown: Sume may have created it (a replay would say)
-                logger.error("a queued submission expired after create attempts of unknown outcome",
-                             extra={"attempts": msg.errors})
+            if unknown:  # no answer within the replay window (or its key is gone): Sume may have billed it
+                logger.error("a queued submission expired with creates of unknown outcome; no replay got an answer",
+                             extra={"unknown_creates": unknown})
+                report.expired_unknown += 1
             self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
-                                                "before its deadline (SubmitQueueDeadlineSeconds)"}, **unknown)
+                                                "before its deadline (SubmitQueueDeadlineSeconds)"},
+                         **({"unknown_attempts": unknown} if unknown else {}))
             report.expired += 1
             self._next(msg, step, 0.0, slot=msg.slot)
             return
@@ -174,28 +189,40 @@ class Drainer:
 
     def _replay(self, msg: DrainMessage, step: ChainStep, item: dict[str, Any], report: DrainReport,
                 remaining_ms: Callable[[], int]) -> bool:
-        """A head at its deadline after create attempts of unknown outcome: one more create with its
-        Idempotency-Key on a create slot ahead of the queue, now (it settles the head whatever the
-        answer). False: no slot now, or its key is gone - it is rejected as any other."""
+        """A head at its deadline whose record counts creates of unknown outcome: its create is
+        replayed with its Idempotency-Key on a create slot ahead of the queue (the documented replay
+        returns the job if an attempt landed, and creates it otherwise); no slot now - the step
+        comes back when one is free (within the replay window). False: its key is gone."""
         try:
             k = self.keys(msg.key)
-            grant = k.creates.take(mode=Mode.AHEAD, max_wait=0.0)
-        except (UnknownKey, *RedisFailure):
+        except UnknownKey:
             return False
+        grant = k.creates.take(mode=Mode.AHEAD, max_wait=0.0)
         if not grant.now:
-            return False
-        logger.warning("a queued submission at its deadline had create attempts of unknown outcome: "
+            left = float(item["deadline_at"]) + REPLAY_WINDOW - self.clock.now()
+            self._next(msg, step, max(0.0, min(max(grant.wait, 1.0), left)), errors=msg.errors)
+            report.waited += 1
+            return True
+        logger.warning("a queued submission at its deadline has creates of unknown outcome: "
                        "replaying its create with the same Idempotency-Key", extra={"attempts": msg.errors})
-        self._create(k, msg, step, item, report, remaining_ms, last=True)
+        report.replayed += 1
+        self._create(k, msg, step, item, report, remaining_ms)
         return True
 
     def _create(self, k: SubmitKey, msg: DrainMessage, step: ChainStep, item: dict[str, Any], report: DrainReport,
-                remaining_ms: Callable[[], int], *, last: bool = False) -> None:
-        """The head's create; ``last``: its deadline passed (a replay): whatever Sume answers settles it."""
+                remaining_ms: Callable[[], int]) -> None:
+        """The head's create (before its deadline, or its replay after it)."""
         kind, key = str(item["kind"]), str(item["idempotency_key"])
         params = json.loads(item["params"])
+        # noted before it is sent: a crash or a timeout after it leaves the evidence a replay acts on
+        if not self.store.note_create(k.key.id, key, str(item["job_id"]), now=self.clock.now()):
+            self.store.dequeue(str(item["job_id"]))  # settled meanwhile (a duplicate created it at once)
+            self._next(msg, step, 0.0)
+            return
         timeout = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
         outcome = k.sume.create(kind, params, key, timeout=timeout)
+        if not_created(outcome):  # a 429, the key's refusal: nothing created, this attempt is known
+            self.store.create_answered(k.key.id, key)
         if isinstance(outcome, Created):
             reply = self.submitter.record_created(k, kind, params, key, outcome, bool(item.get("derived_key")))
             if reply["status"] == "submitted":
@@ -214,14 +241,6 @@ class Drainer:
             report.rejected += 1
             self._next(msg, step, 0.0)
             return
-        if last:  # past its deadline: no answer again (or the key's refusal) - rejected, the outcome unknown
-            logger.error("a queued submission expired after create attempts of unknown outcome",
-                         extra={"attempts": msg.errors + 1, "http_status": outcome.http_status})
-            self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
-                         "before its deadline (SubmitQueueDeadlineSeconds)"}, unknown_attempts=msg.errors + 1)
-            report.expired += 1
-            self._next(msg, step, 0.0)
-            return
         retry_after = outcome.retry_after if not isinstance(outcome, Refused) else None
         if retry_after is not None:  # Sume's 429: every create of the key waits
             with contextlib.suppress(*RedisFailure):
@@ -231,8 +250,10 @@ class Drainer:
                        extra={"reason": getattr(outcome, "reason", None) or getattr(outcome, "why", None),
                               "http_status": outcome.http_status, "wait": wait})
         report.retried += 1
-        deadline_in = float(item["deadline_at"]) - self.clock.now()
-        self._next(msg, step, min(wait, max(0.0, deadline_in)), errors=msg.errors + 1)
+        # before its deadline: back at the latest at it; after it (a replay): within the replay window
+        deadline = float(item["deadline_at"])
+        end = deadline if self.clock.now() < deadline else deadline + REPLAY_WINDOW
+        self._next(msg, step, min(wait, max(0.0, end - self.clock.now())), errors=msg.errors + 1)
 
     def _settle(self, item: dict[str, Any], status: str, **values: Any) -> None:
         """Record the head's outcome (while it is still queued by this head), then it leaves the queue."""

@@ -61,7 +61,7 @@ from ..limits.redisconn import RedisFailure, describe
 from ..schedule.planner import Bounds, next_delay, profile_key
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
-from ..store.submissions import CREATED, QUEUED, REJECTED, queue_item, queued_record, settled_record
+from ..store.submissions import CREATED, QUEUED, REJECTED, UNKNOWN_CREATES, queue_item, queued_record, settled_record
 from ..sume.client import Refused, Retryable, SumeClient
 from ..sume.created import Created
 from .createqueue import DrainMessage, drain_lease, estimate_create_at
@@ -99,10 +99,25 @@ KEY_REFUSALS = ("key", "forbidden")
 IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_\-:.]{8,255}$")
 MAX_PARAMS_BYTES = 64_000
 CREATE_ATTEMPTS = 3
+#: Reads of a submission's record before queueing it while creates of it are noted concurrently.
+ENQUEUE_TRIES = 3
 
 
 class SubmitRetryable(RuntimeError):
     """Sume's answer is unknown or transient: retry the same event (same Idempotency-Key)."""
+
+
+class SubmissionSettled(Exception):
+    """The submission was settled (created or rejected by a duplicate of it) before this create was
+    sent: nothing was sent; its record answers."""
+
+
+def not_created(outcome: Created | Refused | Retryable) -> bool:
+    """Sume answered a create without creating anything and without deciding the submission: a
+    429, or a refusal of the key (not of the submission)."""
+    if isinstance(outcome, Retryable):
+        return outcome.http_status == 429
+    return isinstance(outcome, Refused) and outcome.why in KEY_REFUSALS
 
 
 class CreateBudgetExhausted(SubmitRetryable):
@@ -223,6 +238,12 @@ class Submitter:
             if not queue:
                 raise
             return self._enqueue(k, kind, params, key, derived)
+        except SubmissionSettled:  # a duplicate of it settled it while this one was about to create
+            replay = self.replay(k, key)
+            if replay is None:
+                raise SubmitRetryable("a duplicate of this submission was recorded concurrently; retry the same "
+                                      "event") from None
+            return replay
         if isinstance(outcome, Refused):
             return self._refused(k, kind, key, outcome, derived)
         reply = self.record_created(k, kind, params, key, outcome, derived)
@@ -237,9 +258,9 @@ class Submitter:
         """The answer to a submission recorded already (created, queued or rejected), from its
         submission record; None when there is none."""
         record = self.store.submission(k.key.id, key)
-        if record is None:
+        status = None if record is None else record.get("status")
+        if record is None or status is None:  # none, or only its attempt record: not recorded yet
             return None
-        status = record.get("status")
         base = {"job_ids": list(record.get("job_ids") or []), "new": [], "replayed": True, "key": k.key.id,
                 "idempotency_key": key, "derived_key": bool(record.get("derived_key"))}
         logger.info("submission replayed from its record", extra={"submission_status": status})
@@ -269,11 +290,18 @@ class Submitter:
         now = self.clock.now()
         item = queue_item(k.key.id, kind=kind, params=params, idempotency_key=key, derived=derived, arrived=now,
                           deadline_at=now + self.s.queue_deadline)
-        if not self.store.enqueue(item, queued_record(item)):  # a duplicate of it came first
-            replay = self.replay(k, key)
-            if replay is None:
-                raise SubmitRetryable("a duplicate of this submission was recorded concurrently; retry the same event")
-            return replay
+        for _ in range(ENQUEUE_TRIES):
+            record = self.store.submission(k.key.id, key)
+            if record is not None and record.get("status") is not None:  # a duplicate of it came first
+                replay = self.replay(k, key)
+                assert replay is not None
+                return replay
+            # creates of it were sent already (an attempt record): the queued record keeps their count
+            unknown = None if record is None else int(record.get(UNKNOWN_CREATES) or 0)
+            if self.store.enqueue(item, queued_record(item), unknown_creates=unknown):
+                break
+        else:
+            raise SubmitRetryable("a duplicate of this submission was recorded concurrently; retry the same event")
         self.start_drain(k.key.id, k.message_key)
         estimate = self._estimate(k, item["job_id"])
         logger.info("submission queued", extra={"queue_item": item["job_id"], "estimated_create_at": estimate})
@@ -326,8 +354,14 @@ class Submitter:
         last: Retryable | None = None
         for attempt in range(CREATE_ATTEMPTS):
             self._take_create_slot(k)
+            # noted before it is sent: a crash or a timeout after it leaves the evidence (the drain
+            # replays such a submission's create before rejecting it)
+            if not self.store.note_create(k.key.id, key, None, now=self.clock.now()):
+                raise SubmissionSettled(key)
             timeout = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
             outcome = k.sume.create(kind, params, key, timeout=timeout)
+            if not_created(outcome):
+                self.store.create_answered(k.key.id, key)
             if not isinstance(outcome, Retryable):
                 return outcome
             last = outcome

@@ -69,7 +69,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from ..config.settings import RESULT_UPLOAD_STREAMS
 from ..core.aws import AwsError, client, error_code
 from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_shard, shard_of
-from .submissions import QUEUED, queue_shard, submission_id
+from .submissions import QUEUED, UNKNOWN_CREATES, queue_shard, submission_id
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
 INLINE_RESULT_BYTES = 100_000
@@ -425,12 +425,24 @@ class JobStore:
         """The submission record of one idempotency key of one Sume key (strongly consistent)."""
         return self.get(submission_id(key_id, idempotency_key))
 
-    def enqueue(self, item: dict[str, Any], submission: dict[str, Any]) -> bool:
-        """Queue a submission: its queue item and its record in one TransactWriteItems, each
-        conditional on not existing. False: a record of that idempotency key exists (a concurrent
-        duplicate won; nothing was written)."""
-        puts = [{"Put": {"TableName": self.table, "Item": to_attrs(i),
-                         "ConditionExpression": "attribute_not_exists(job_id)"}} for i in (item, submission)]
+    def enqueue(self, item: dict[str, Any], submission: dict[str, Any], unknown_creates: int | None = None) -> bool:
+        """Queue a submission: its queue item and its record in one TransactWriteItems, the item
+        conditional on not existing, the record on not existing - or, where creates of it were sent
+        before (``unknown_creates``: the count a read of its attempt record found, carried into the
+        record), on still being that attempt record with that count. False: a record of that
+        idempotency key exists or changed (a concurrent duplicate won, or an attempt was noted
+        meanwhile; nothing was written)."""
+        record, record_condition = dict(submission), "attribute_not_exists(job_id)"
+        extra: dict[str, Any] = {}
+        if unknown_creates is not None:
+            record[UNKNOWN_CREATES] = unknown_creates
+            record_condition = f"attribute_not_exists(#s) AND {UNKNOWN_CREATES} = :n"
+            extra = {"ExpressionAttributeNames": {"#s": "status"},
+                     "ExpressionAttributeValues": to_attrs({":n": unknown_creates})}
+        puts = [{"Put": {"TableName": self.table, "Item": to_attrs(item),
+                         "ConditionExpression": "attribute_not_exists(job_id)"}},
+                {"Put": {"TableName": self.table, "Item": to_attrs(record), "ConditionExpression": record_condition,
+                         **extra}}]
         try:
             self._ddb.transact_write_items(TransactItems=puts)
         except Exception as exc:
@@ -443,12 +455,42 @@ class JobStore:
         return True
 
     def put_submission(self, record: dict[str, Any]) -> bool:
-        """Write a submission record created or rejected at once, over none or a queued one (the
-        queue item of a concurrent duplicate then finds it settled). False: already settled."""
+        """Write a submission record created or rejected at once, over none, an attempt record or a
+        queued one (the queue item of a concurrent duplicate then finds it settled). False: already
+        settled."""
         return self._conditional(self._ddb.put_item, TableName=self.table, Item=to_attrs(record),
-                                 ConditionExpression="attribute_not_exists(job_id) OR #s = :q",
+                                 ConditionExpression="attribute_not_exists(#s) OR #s = :q",
                                  ExpressionAttributeNames={"#s": "status"},
                                  ExpressionAttributeValues=to_attrs({":q": QUEUED}))
+
+    def note_create(self, key_id: str, idempotency_key: str, queue_item: str | None, *, now: float) -> bool:
+        """Before a create is sent: count it on the submission record (``unknown_creates`` + 1, and
+        ``create_attempts`` + 1), so a crash or a timeout after sending leaves the evidence that
+        Sume may have created it. ``queue_item``: the drain's create of that queued head (the record
+        must still be queued by it); None: submit's create, over no record (an *attempt record*,
+        without a status, is written), an attempt record or a queued one. False: the submission was
+        settled meanwhile (nothing is sent)."""
+        if queue_item is None:
+            condition, values = "attribute_not_exists(#s) OR #s = :q", {":q": QUEUED}
+        else:
+            condition, values = "#s = :q AND queue_item = :item", {":q": QUEUED, ":item": queue_item}
+        return self._conditional(
+            self._ddb.update_item, TableName=self.table,
+            Key=to_attrs({"job_id": submission_id(key_id, idempotency_key)}),
+            UpdateExpression=f"ADD {UNKNOWN_CREATES} :one, create_attempts :one SET last_create_at = :now",
+            ConditionExpression=condition, ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues=to_attrs({**values, ":one": 1, ":now": round(now, 3)}))
+
+    def create_answered(self, key_id: str, idempotency_key: str) -> None:
+        """A create counted by :meth:`note_create` was answered without creating anything (a 429, the
+        key's refusal): it is known again (``unknown_creates`` - 1, while the record is not settled)."""
+        self._conditional(
+            self._ddb.update_item, TableName=self.table,
+            Key=to_attrs({"job_id": submission_id(key_id, idempotency_key)}),
+            UpdateExpression=f"ADD {UNKNOWN_CREATES} :minus",
+            ConditionExpression=f"(attribute_not_exists(#s) OR #s = :q) AND {UNKNOWN_CREATES} > :zero",
+            ExpressionAttributeNames={"#s": "status"},
+            ExpressionAttributeValues=to_attrs({":q": QUEUED, ":minus": -1, ":zero": 0}))
 
     def settle_submission(self, key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
         """A queued submission is created or rejected: set ``values`` (status among them) while

@@ -7,7 +7,11 @@ this module is the table's schema of it, which the store reads and writes::
         order; key, kind, params (JSON text, as the create sends them), idempotency_key,
         derived_key, arrived_at, deadline_at
     #sub:<key>:<idempotency key>                                     the submission record:
-        status queued | created | rejected, job_ids, error, queue_item, request_id, ...
+        status queued | created | rejected, job_ids, error, queue_item, request_id, ...;
+        unknown_creates (creates sent whose answer is not known yet: noted before each is sent,
+        taken back after a 429 or the key's refusal), create_attempts, last_create_at. Before a
+        submission is queued or settled, its record may be an *attempt record*: no status, only
+        these counters (submit's own creates noted before they were sent).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ QUEUE_PREFIX = "q:"
 QUEUE_ITEM_PREFIX = "#q:"
 SUBMISSION_PREFIX = "#sub:"
 QUEUED, CREATED, REJECTED = "queued", "created", "rejected"
+#: The submission record's count of creates sent whose outcome is not known (Sume may have billed them).
+UNKNOWN_CREATES = "unknown_creates"
 
 
 def queue_shard(key_id: str) -> str:
