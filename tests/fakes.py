@@ -339,6 +339,8 @@ class FakeStore:
             return TerminalWrite(False, self.get(job_id))
         if record.get("fence_token") == token and record.get("fence_seq", 0) > seq:
             return TerminalWrite(False, self.get(job_id))
+        if record.get("fence_token") not in (None, token) and float(record.get("chain_due_at") or 0) > now:
+            return TerminalWrite(False, self.get(job_id))  # another chain's fence, still held
         record.update(fence_token=token, fence_seq=seq + 1, chain_due_at=now + hold)
         return TerminalWrite(True)
 

@@ -160,7 +160,9 @@ def dynamo_scenario(store: JobStore, ddb: Any) -> list[Any]:
     out += [won, lost, store.record_terminal("job_none", Ending("failed"), now=NOW)]
     out += [store.clear_outbox("job_1", now=NOW + 5), store.clear_outbox("job_1", now=NOW + 6),
             store.fence("job_2", A, 0, now=NOW, hold=60.0), store.fence("job_2", A, 0, now=NOW, hold=60.0),
-            store.fence("job_2", A, 1, now=NOW, hold=60.0), store.fence("job_1", A, 0, now=NOW, hold=60.0)]
+            store.fence("job_2", A, 1, now=NOW, hold=60.0), store.fence("job_2", B, 0, now=NOW + 30, hold=60.0),
+            store.fence("job_2", B, 0, now=NOW + 60, hold=60.0), store.fence("job_2", A, 2, now=NOW + 61, hold=60.0),
+            store.fence("job_1", A, 0, now=NOW, hold=60.0)]
     store.set_chain_due("job_3", NOW + 99.5)
     store.set_chain_due("job_1", NOW + 99.5)
     store.put_observation("image", "job_1", 1.5, 2.25, at=NOW)

@@ -340,14 +340,18 @@ class JobStore:
 
     def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> TerminalWrite:
         """While Redis is down: let chain step ``token:seq`` read, once. Won: it may read (and
-        ``chain_due_at`` keeps fan-out off the job for ``hold`` seconds). Lost: a duplicate, or
-        the job is no longer pending (the record as it was, or None)."""
+        ``chain_due_at`` keeps fan-out, and any other chain, off the job for ``hold`` seconds).
+        Lost: a duplicate of a step that took it, another chain's step while the fence's holder
+        still holds it (its ``chain_due_at`` ahead: two chains of one job, after a lease lapsed,
+        never read side by side), or the job is no longer pending (the record as it was, or None)."""
         return self._update_or_old(
             Key=to_attrs({"job_id": job_id}),
             UpdateExpression="SET fence_token = :t, fence_seq = :next, chain_due_at = :due",
             ConditionExpression="begins_with(pending_shard, :p) AND (attribute_not_exists(fence_token) "
-                                "OR fence_token <> :t OR fence_seq <= :seq)",
-            ExpressionAttributeValues=to_attrs({":t": token, ":seq": seq, ":next": seq + 1,
+                                "OR (fence_token = :t AND fence_seq <= :seq) "
+                                "OR (fence_token <> :t AND (attribute_not_exists(chain_due_at) "
+                                "OR chain_due_at <= :now)))",
+            ExpressionAttributeValues=to_attrs({":t": token, ":seq": seq, ":next": seq + 1, ":now": now,
                                                 ":due": now + hold, ":p": PENDING_PREFIX}))
 
     def set_chain_due(self, job_id: str, due_at: float) -> None:
