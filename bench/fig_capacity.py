@@ -252,7 +252,7 @@ def _where(c: Capacity, at: Probe | None) -> str:
 
 def _capacity_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
     day = DAY / 4 if quick else DAY
-    precision = 0.1 if quick else 0.05
+    precision = 0.025
     guesses = {"chains only": 800.0, "chains + sweeps": 1_600.0, f"chains + webhooks {HOOK_LOSS:.0%} lost": 1_600.0}
     names = [name for name in ARMS if "webhooks" in name or not webhooks_only()]
     caps = {name: Capacity(redis_url, name, day, seed) for name in names}
