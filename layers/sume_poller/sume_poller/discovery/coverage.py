@@ -7,8 +7,13 @@ documented, so nothing relies on a sweep until sweeps have *proven* they see a k
 * each complete sweep checks those reports: a reported job it listed is *covered*; one that was
   terminal well before the sweep started (more than the list's lag allowance) but was not
   listed is a *miss*;
-* a kind is covered once ``MIN_COVERED`` reports in a row were covered, sweeps are healthy
-  (the last complete sweep is recent) and the route works. A miss resets it at once.
+* a kind is covered once ``MIN_COVERED`` reports in a row were covered - or, while sweeps never
+  missed one of its finds, once one was (a kind's first find: the wait for five made chains of
+  a busy key read on the normal schedule for its first half hour, the reads a day-bound key
+  can least spare) - sweeps are healthy (the last complete sweep is recent) and the route works.
+  A miss resets it at once, and from the first miss on the kind needs ``MIN_COVERED`` in a row.
+  A wrong stretch costs delay, never an outcome: a job is terminal only by its own routes, the
+  canaries keep measuring, and the safety cadence reads every stretched chain.
 
 Webhooks (where Sume sends them) cover a kind too, without proof: deliveries can be lost, and
 the safety cadence is what catches a lost one, so chains of a webhook kind stretch while verified
@@ -40,6 +45,7 @@ from typing import Any
 from ..core.jobs import KINDS
 from ..limits.redisconn import RedisFailure
 
+#: Covered finds in a row a kind needs once sweeps have missed one of its finds (before: one).
 MIN_COVERED = 5
 #: Bounds of each kind's set of chain finds waiting for a sweep's judgement (clock seconds; members).
 FOUND_MAX_AGE = 86_400.0
@@ -109,7 +115,7 @@ class CoverageStore:
             if name.startswith("cov:"):
                 kind = name[4:]
                 counts[kind] = (int(value), int(raw.get(f"miss:{kind}", 0)))
-                if int(value) >= MIN_COVERED:
+                if int(value) >= (MIN_COVERED if counts[kind][1] else 1):
                     covered.add(kind)
         return Coverage(float(raw.get("healthy_until", 0)), frozenset(covered), raw.get("route", "unknown"), counts,
                         float(raw.get("webhook_at", 0)), float(raw.get("every", 0)))
