@@ -307,6 +307,23 @@ class _MemoryStore:
     def put_observation(self, *args: Any, **kwargs: Any) -> None:
         pass
 
+    def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> Any:
+        """JobStore.fence: a step that could not ask Redis (a round trip timed out under a loaded
+        machine) reads once, by the record's fence."""
+        from sume_poller.store.records import TerminalWrite
+
+        record = self.records.get(job_id)
+        if record is None or record["status"] != "pending" or (
+                record.get("fence_token") == token and record.get("fence_seq", 0) > seq):
+            return TerminalWrite(False, dict(record) if record else None)
+        record.update(fence_token=token, fence_seq=seq + 1, chain_due_at=now + hold)
+        return TerminalWrite(True, dict(record))
+
+    def set_chain_due(self, job_id: str, due_at: float) -> None:
+        record = self.records.get(job_id)
+        if record is not None and record["status"] == "pending":
+            record["chain_due_at"] = due_at
+
 
 class _Bus:
     def __init__(self) -> None:

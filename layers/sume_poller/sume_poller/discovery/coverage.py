@@ -76,6 +76,13 @@ class Coverage:
         """Sweeps proved they see this kind, and are healthy."""
         return self.route == "ok" and now < self.healthy_until and kind in self.covered
 
+    def proving(self, kind: str, now: float) -> bool:
+        """Sweeps are healthy and have never missed a find of this kind, but none of its finds was
+        judged yet (the first one listed covers it): its chains' reads between two sweeps measure
+        nothing a sweep would not show first."""
+        return (self.route == "ok" and now < self.healthy_until and kind not in self.covered
+                and self.counts.get(kind, (0, 0))[1] == 0)
+
     def webhooks_arrive(self, now: float, within: float) -> bool:
         """Verified webhook deliveries arrived lately (a lost one is caught by the safety cadence)."""
         return now - self.webhook_at < within
