@@ -14,7 +14,8 @@ pending count and the sweep function every tick (60 clock seconds, the template'
   a day - the backlog bounded (the mean pending count over the last eighth of the day at most 1.1x
   that over the eighth before the quarter mark, plus 5 jobs: at tens of pending jobs one tick's
   count, and even an eighth of a day's mean, is noise) and the p95 detection delay (Sume finishing a
-  job -> its terminal record) at most 5 minutes - found by geometric bisection, for chains only,
+  job -> its terminal record) at most 5 minutes - found by geometric bisection to 2.5 % (the
+  rate served and the next one not within 1.025x: a verdict is not one step's noise), for chains only,
   chains + sweeps, and chains + webhooks with 30 % of deliveries lost (no sweeps). A probe whose
   backlog runs away (pending over 4x the quarter mark's and 40 more) stops there, failed. Where no
   rate meets the delay, the largest rate whose backlog stays bounded is the capacity printed beside
