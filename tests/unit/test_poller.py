@@ -584,6 +584,11 @@ def test_a_chain_of_a_kind_sweeps_are_still_proving_reads_no_more_often_than_swe
     rig.poller.cadence.coverage = FixedCoverage(missed)
     rig.sume.status["job_w"] = [status("running")]
     assert rig.next_of(rig.run(rig.submit("job_w", "video"))).due_at < rig.clock.now() + 300.0
+    backing_off = Coverage(healthy_until=rig.clock.now() + 10**5, route="ok", every=16 * 300.0)  # idle sweeps
+    rig.poller.cadence.coverage = FixedCoverage(backing_off)
+    rig.sume.status["job_x"] = [status("running")]
+    due = rig.next_of(rig.run(rig.submit("job_x", "video"))).due_at
+    assert rig.clock.now() + 300.0 <= due <= rig.clock.now() + rig.poller.s.discovery.safety
 
 
 def test_the_completion_interval_comes_from_the_reads_around_it() -> None:

@@ -117,13 +117,14 @@ class Cadence:
     def _canary_gap(self, chain: PollMessage, now: float) -> float:
         """A canary of a kind sweeps cover reads no more often than sweeps run, nor than canaries
         together fit their share of the budget; a chain of a kind sweeps are still proving (healthy,
-        never missed one of its finds, none judged yet) no more often than sweeps run: a find is
-        judged by the next complete sweep, and a job finished sooner is listed by it (0: neither)."""
+        never missed one of its finds, none judged yet) no more often than sweeps run, at most the
+        safety cadence apart: a find is judged by the next complete sweep, and a job finished sooner
+        is listed by it (0: neither)."""
         if self.coverage is None or not self.s.discovery.sweeps:
             return 0.0
         found = self.coverage.get()
-        if found.proving(chain.kind, now):
-            return found.every
+        if found.proving(chain.kind, now):  # idle sweeps back off: never further apart than the safety cadence
+            return min(found.every, self.s.discovery.safety)
         if not is_canary(chain.job_id) or not found.stretches(chain.kind, now):
             return 0.0
         return max(found.every, self._spread((self.pending or 0) / CANARY_EVERY, CANARY_SHARE))
