@@ -75,7 +75,7 @@ BACKLOG_X = 1.1
 #: Jobs the backlog may also move by: at tens of pending jobs, an eighth of a day's mean count
 #: still moves by a few jobs from Poisson noise alone (a backlog that runs away grows by hundreds).
 BACKLOG_SLACK = 5
-SWEEPS_X, SWEEPS_LIMIT_X, HOOKS_LIMIT_X = 2.5, 0.7, 0.8  # capacity targets
+SWEEPS_X, SWEEPS_LIMIT_X, HOOKS_LIMIT_X = 2.5, 0.8, 0.8  # capacity targets
 
 LONG_PENDING, LONG_MEDIAN, LONG_SIGMA = 1_000, 4 * 3_600.0, 0.3
 LONG_TICK = 300.0
