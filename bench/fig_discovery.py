@@ -309,12 +309,15 @@ class _MemoryStore:
 
     def fence(self, job_id: str, token: str, seq: int, *, now: float, hold: float) -> Any:
         """JobStore.fence: a step that could not ask Redis (a round trip timed out under a loaded
-        machine) reads once, by the record's fence."""
+        machine) reads once, by the record's fence - another chain's step only once the holder's
+        hold (``chain_due_at``) has passed."""
         from sume_poller.store.records import TerminalWrite
 
         record = self.records.get(job_id)
-        if record is None or record["status"] != "pending" or (
-                record.get("fence_token") == token and record.get("fence_seq", 0) > seq):
+        held = record.get("fence_token") if record else None
+        free = held is None or (held == token and record.get("fence_seq", 0) <= seq) or (  # type: ignore[union-attr]
+            held != token and record.get("chain_due_at", now) <= now)  # type: ignore[union-attr]
+        if record is None or record["status"] != "pending" or not free:
             return TerminalWrite(False, dict(record) if record else None)
         record.update(fence_token=token, fence_seq=seq + 1, chain_due_at=now + hold)
         return TerminalWrite(True, dict(record))
