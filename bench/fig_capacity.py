@@ -14,7 +14,8 @@ pending count and the sweep function every tick (60 clock seconds, the template'
   a day - the backlog bounded (the mean pending count over the last eighth of the day at most 1.1x
   that over the eighth before the quarter mark, plus 5 jobs: at tens of pending jobs one tick's
   count, and even an eighth of a day's mean, is noise) and the p95 detection delay (Sume finishing a
-  job -> its terminal record) at most 5 minutes - found by geometric bisection, for chains only,
+  job -> its terminal record) at most 5 minutes - found by geometric bisection to 2.5 % (the
+  rate served and the next one not within 1.025x: a verdict is not one step's noise), for chains only,
   chains + sweeps, and chains + webhooks with 30 % of deliveries lost (no sweeps). A probe whose
   backlog runs away (pending over 4x the quarter mark's and 40 more) stops there, failed. Where no
   rate meets the delay, the largest rate whose backlog stays bounded is the capacity printed beside
@@ -74,7 +75,7 @@ BACKLOG_X = 1.1
 #: Jobs the backlog may also move by: at tens of pending jobs, an eighth of a day's mean count
 #: still moves by a few jobs from Poisson noise alone (a backlog that runs away grows by hundreds).
 BACKLOG_SLACK = 5
-SWEEPS_X, SWEEPS_LIMIT_X, HOOKS_LIMIT_X = 2.5, 0.7, 0.8  # capacity targets
+SWEEPS_X, SWEEPS_LIMIT_X, HOOKS_LIMIT_X = 2.5, 0.8, 0.8  # capacity targets
 
 LONG_PENDING, LONG_MEDIAN, LONG_SIGMA = 1_000, 4 * 3_600.0, 0.3
 LONG_TICK = 300.0
@@ -252,7 +253,7 @@ def _where(c: Capacity, at: Probe | None) -> str:
 
 def _capacity_rows(redis_url: str, quick: bool, seed: int) -> list[Row]:
     day = DAY / 4 if quick else DAY
-    precision = 0.1 if quick else 0.05
+    precision = 0.025
     guesses = {"chains only": 800.0, "chains + sweeps": 1_600.0, f"chains + webhooks {HOOK_LOSS:.0%} lost": 1_600.0}
     names = [name for name in ARMS if "webhooks" in name or not webhooks_only()]
     caps = {name: Capacity(redis_url, name, day, seed) for name in names}

@@ -71,6 +71,17 @@ def info_row(figure: str, measured: str, baseline: str, ratio: float | None = No
     return Row(figure, measured, baseline, ratio, "-", None)
 
 
+def infeasible_row(prefix: str, name: str, value: float, measured: str, baseline: str, figure: str,
+                   why: str, ok: bool = True) -> Row:
+    """A measurement kept where no reading policy can meet a target (``why``: the reason, shown in
+    the row and its line): informational, not a missed target. ``ok`` False: the run itself went
+    wrong (a job lost or recorded twice) - a miss whatever the value."""
+    row = Row(figure, measured, baseline, value, "-", None if ok else False,
+              lines=[f"{prefix} {name}: {plain(value)} (info, no target: {why})"])
+    row.notes.append(f"no target: {why}")
+    return row
+
+
 def unavailable(figure: str, target: str, why: str) -> Row:
     return Row(figure, f"n/a ({why})", "-", None, target, None, status="n/a")
 

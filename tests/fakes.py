@@ -526,5 +526,7 @@ class FakeCoverage:
                 del self.found_at[kind][j]
             covered = 0 if misses else int(self.fields.get(f"cov:{kind}", 0)) + len(hits)
             self.fields[f"cov:{kind}"] = str(covered)
+            if misses:
+                self.fields[f"miss:{kind}"] = str(int(self.fields.get(f"miss:{kind}", 0)) + len(misses))
             verdicts[kind] = (len(hits), len(misses))
         return verdicts

@@ -204,6 +204,30 @@ def test_coverage_counts_what_chains_found_and_a_miss_resets_it(parts: Parts) ->
     assert parts.coverage.fields["cov:video"] == "0"
 
 
+class _Hash:
+    """The one Redis call a coverage snapshot makes."""
+
+    def __init__(self, fields: dict[str, str]) -> None:
+        self.fields = fields
+
+    def hgetall(self, key: str) -> dict[str, str]:
+        return dict(self.fields)
+
+
+def test_a_kind_never_missed_is_covered_on_its_first_find_and_once_missed_needs_five_in_a_row() -> None:
+    from sume_poller.discovery.coverage import MIN_COVERED, CoverageStore
+
+    healthy = {"route": "ok", "healthy_until": "1000"}
+    first = CoverageStore(_Hash({**healthy, "cov:video": "1", "cov:image": "0"}), "p:").snapshot(0.0)
+    assert first.covered == {"video"} and first.stretches("video", 10.0) and not first.stretches("image", 10.0)
+    missed = {**healthy, "miss:video": "1"}
+    for n in range(1, MIN_COVERED + 1):
+        snapshot = CoverageStore(_Hash({**missed, "cov:video": str(n)}), "p:").snapshot(0.0)
+        assert snapshot.stretches("video", 10.0) == (n == MIN_COVERED)
+    assert not CoverageStore(_Hash({**healthy, "cov:video": "1", "healthy_until": "5"}), "p:").snapshot(
+        0.0).stretches("video", 10.0)  # sweeps no longer healthy
+
+
 def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_and_an_overdue_failure_status(
         parts: Parts) -> None:
     """And judges only the chains' finds of the statuses it listed; each failure status at least

@@ -568,6 +568,29 @@ def test_a_canary_reads_no_more_often_than_sweeps_run(rig: Rig) -> None:
     assert nxt.normal_due is None and nxt.due_at >= rig.clock.now() + 300.0  # ...but not before the next sweep
 
 
+def test_a_chain_of_a_kind_sweeps_are_still_proving_reads_no_more_often_than_sweeps_run(rig: Rig) -> None:
+    """Healthy sweeps that never missed a video find, none judged yet: the chain's reads between two
+    sweeps would measure nothing the next sweep does not show. Once a video find was missed, the
+    normal schedule."""
+    proving = Coverage(healthy_until=rig.clock.now() + 3_600, covered=frozenset({"image"}), route="ok", every=300.0)
+    rig.poller.cadence.coverage = FixedCoverage(proving)  # type: ignore[assignment]
+    rig.sume.status["job_v"] = [status("running")]
+    out = rig.run(rig.submit("job_v", "video"))
+    nxt = rig.next_of(out)
+    assert out.name == "requeued" and out.status_reads == 1 and nxt.normal_due is None
+    assert nxt.due_at >= rig.clock.now() + 300.0
+    missed = Coverage(healthy_until=rig.clock.now() + 3_600, covered=frozenset({"image"}), route="ok", every=300.0,
+                      counts={"video": (0, 1)})
+    rig.poller.cadence.coverage = FixedCoverage(missed)
+    rig.sume.status["job_w"] = [status("running")]
+    assert rig.next_of(rig.run(rig.submit("job_w", "video"))).due_at < rig.clock.now() + 300.0
+    backing_off = Coverage(healthy_until=rig.clock.now() + 10**5, route="ok", every=16 * 300.0)  # idle sweeps
+    rig.poller.cadence.coverage = FixedCoverage(backing_off)
+    rig.sume.status["job_x"] = [status("running")]
+    due = rig.next_of(rig.run(rig.submit("job_x", "video"))).due_at
+    assert rig.clock.now() + 300.0 <= due <= rig.clock.now() + rig.poller.s.discovery.safety
+
+
 def test_the_completion_interval_comes_from_the_reads_around_it() -> None:
     record = {"submitted_at": 1000, "seen_running_at": 1030.0, "seen_terminal_at": 1045.0, "status": "completed"}
     assert completion_interval(record) == (30.0, 45.0)

@@ -7,8 +7,13 @@ documented, so nothing relies on a sweep until sweeps have *proven* they see a k
 * each complete sweep checks those reports: a reported job it listed is *covered*; one that was
   terminal well before the sweep started (more than the list's lag allowance) but was not
   listed is a *miss*;
-* a kind is covered once ``MIN_COVERED`` reports in a row were covered, sweeps are healthy
-  (the last complete sweep is recent) and the route works. A miss resets it at once.
+* a kind is covered once ``MIN_COVERED`` reports in a row were covered - or, while sweeps never
+  missed one of its finds, once one was (a kind's first find: the wait for five made chains of
+  a busy key read on the normal schedule for its first half hour, the reads a day-bound key
+  can least spare) - sweeps are healthy (the last complete sweep is recent) and the route works.
+  A miss resets it at once, and from the first miss on the kind needs ``MIN_COVERED`` in a row.
+  A wrong stretch costs delay, never an outcome: a job is terminal only by its own routes, the
+  canaries keep measuring, and the safety cadence reads every stretched chain.
 
 Webhooks (where Sume sends them) cover a kind too, without proof: deliveries can be lost, and
 the safety cadence is what catches a lost one, so chains of a webhook kind stretch while verified
@@ -40,6 +45,7 @@ from typing import Any
 from ..core.jobs import KINDS
 from ..limits.redisconn import RedisFailure
 
+#: Covered finds in a row a kind needs once sweeps have missed one of its finds (before: one).
 MIN_COVERED = 5
 #: Bounds of each kind's set of chain finds waiting for a sweep's judgement (clock seconds; members).
 FOUND_MAX_AGE = 86_400.0
@@ -69,6 +75,13 @@ class Coverage:
     def stretches(self, kind: str, now: float) -> bool:
         """Sweeps proved they see this kind, and are healthy."""
         return self.route == "ok" and now < self.healthy_until and kind in self.covered
+
+    def proving(self, kind: str, now: float) -> bool:
+        """Sweeps are healthy and have never missed a find of this kind, but none of its finds was
+        judged yet (the first one listed covers it): its chains' reads between two sweeps measure
+        nothing a sweep would not show first."""
+        return (self.route == "ok" and now < self.healthy_until and kind not in self.covered
+                and self.counts.get(kind, (0, 0))[1] == 0)
 
     def webhooks_arrive(self, now: float, within: float) -> bool:
         """Verified webhook deliveries arrived lately (a lost one is caught by the safety cadence)."""
@@ -109,7 +122,7 @@ class CoverageStore:
             if name.startswith("cov:"):
                 kind = name[4:]
                 counts[kind] = (int(value), int(raw.get(f"miss:{kind}", 0)))
-                if int(value) >= MIN_COVERED:
+                if int(value) >= (MIN_COVERED if counts[kind][1] else 1):
                     covered.add(kind)
         return Coverage(float(raw.get("healthy_until", 0)), frozenset(covered), raw.get("route", "unknown"), counts,
                         float(raw.get("webhook_at", 0)), float(raw.get("every", 0)))

@@ -6,7 +6,8 @@ discovery covers the job's kind, and how far away a read slot a step will accept
   proved they see the kind (or verified webhooks arrive for it), the safety cadence instead - the
   normal time kept in the message (``normal_due``) so the chain returns to it at once should the
   cover lapse (about one chain in twenty, a canary, is never stretched by sweeps: it reads on the
-  normal schedule, no more often than sweeps run); where many jobs are pending, stretched chains'
+  normal schedule, no more often than sweeps run; so does a chain of a kind sweeps are still
+  proving: healthy, never missed, no find judged yet); where many jobs are pending, stretched chains'
   reads and canaries' space out further, so that each group takes at most its share of the budget
   (``STRETCHED_SHARE``, ``CANARY_SHARE``); where verified webhooks arrive for the kind, its plan's
   late reads instead (:mod:`sume_poller.discovery.deliveries`: after the job is likely done and delivered,
@@ -115,11 +116,16 @@ class Cadence:
 
     def _canary_gap(self, chain: PollMessage, now: float) -> float:
         """A canary of a kind sweeps cover reads no more often than sweeps run, nor than canaries
-        together fit their share of the budget (0: not a canary, or not covered)."""
-        if self.coverage is None or not self.s.discovery.sweeps or not is_canary(chain.job_id):
+        together fit their share of the budget; a chain of a kind sweeps are still proving (healthy,
+        never missed one of its finds, none judged yet) no more often than sweeps run, at most the
+        safety cadence apart: a find is judged by the next complete sweep, and a job finished sooner
+        is listed by it (0: neither)."""
+        if self.coverage is None or not self.s.discovery.sweeps:
             return 0.0
         found = self.coverage.get()
-        if not found.stretches(chain.kind, now):
+        if found.proving(chain.kind, now):  # idle sweeps back off: never further apart than the safety cadence
+            return min(found.every, self.s.discovery.safety)
+        if not is_canary(chain.job_id) or not found.stretches(chain.kind, now):
             return 0.0
         return max(found.every, self._spread((self.pending or 0) / CANARY_EVERY, CANARY_SHARE))
 
