@@ -153,6 +153,12 @@ def schedule_period(var: str) -> Any:
     return field(default=60.0, metadata={"period": var})
 
 
+def default(cls: type[Any], name: str) -> Any:
+    """The default field ``name`` of settings class ``cls`` declares (where another class keeps the
+    value without reading it from the environment)."""
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
 def declared(cls: type[Any], env: Env) -> dict[str, Any]:
     """The values of ``cls``'s fields declared with :func:`setting`, read from ``env``."""
     values: dict[str, Any] = {}
@@ -297,6 +303,16 @@ def safety_cadence() -> Any:
     return setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
 
 
+#: The default of ``SAFETY_MARGIN_MS`` (real milliseconds).
+SAFETY_MARGIN_MS = 3_000
+
+
+def safety_margin() -> Any:
+    """``SAFETY_MARGIN_MS``: a function stops starting work when less than this much of its
+    invocation is left (real ms). One variable, read by each function that needs it."""
+    return setting("SAFETY_MARGIN_MS", SAFETY_MARGIN_MS, 0, 60_000)
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetSettings(Group):
     """Sume's per-key budgets (0 = not limited here). Defaults: Sume's documented numbers."""
@@ -410,7 +426,7 @@ class SumeReaderSettings(FunctionSettings):
     sume: SumeSettings
     budget: BudgetSettings
     #: Stop starting work when less than this much of the invocation is left (real ms).
-    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+    safety_margin_ms: int = safety_margin()
 
     def check(self, env: Env) -> None:
         env.check(bool(self.sume.api_key_name or self.keys.config_secret),

@@ -28,7 +28,7 @@ Chains of a covered kind stretch to a safety cadence, except about one in twenty
 chosen by job id) that stay on the normal schedule and keep measuring coverage - read no more
 often than sweeps run (a find is judged by the next complete sweep: reading more often than that
 measures nothing more). Chains read
-this state through :class:`CoverageView`, cached for ``VIEW_TTL`` clock seconds per container,
+this state through :class:`CoverageView`, cached for ``COVERAGE_VIEW_TTL`` clock seconds per container,
 so a stretched chain that hops every few minutes returns to the normal schedule soon after
 sweeps stop proving anything.
 """
@@ -51,7 +51,7 @@ MIN_COVERED = 5
 FOUND_MAX_AGE = 86_400.0
 FOUND_MAX = 1_000
 CANARY_EVERY = 20
-VIEW_TTL = 30.0
+COVERAGE_VIEW_TTL = 30.0
 
 
 def is_canary(job_id: str) -> bool:
@@ -197,7 +197,7 @@ def _status(member: str) -> str | None:
 class CoverageView:
     """Per-container cache of :meth:`CoverageStore.snapshot` (Redis down: nothing stretches)."""
 
-    def __init__(self, store: CoverageStore, now: Callable[[], float], ttl: float = VIEW_TTL) -> None:
+    def __init__(self, store: CoverageStore, now: Callable[[], float], ttl: float = COVERAGE_VIEW_TTL) -> None:
         self.store = store
         self.now = now
         self.ttl = ttl

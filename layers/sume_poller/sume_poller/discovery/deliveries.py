@@ -15,7 +15,7 @@ largest age, ``tail``; past it, reads space out geometrically (half the age). Ea
 ``first`` minimises the reads made before completion (what every job pays, delivered or not)
 plus the share of jobs a lost delivery would leave unfound for longer than ``LOST_WITHIN``,
 priced by one multiplier for all kinds: the smallest that keeps those late jobs, over every
-kind by its deliveries and times the loss, within ``LATE_SHARE`` of all jobs (the p95). A read up
+kind by its deliveries and times the loss, within ``LOST_LATE_SHARE`` of all jobs (the p95). A read up
 to ``tail`` (and half a gap past it) asks the result route (:meth:`LatePlan.probes`): a result is
 Sume's word that the job completed (one read for a lost delivery, not a status read and a result
 read); any other answer leaves the job to its next read. Past that (a failed job whose delivery
@@ -23,7 +23,7 @@ was lost answers the result route as a running one does) the reads are status re
 
 Below ``MIN_SAMPLE`` ages a kind has no plan: while deliveries arrive, its chains read every
 ``LOST_WITHIN`` seconds (status reads; :mod:`sume_poller.poll.cadence`). Containers read the lists
-through :class:`DeliveryView`, cached for ``VIEW_TTL`` clock seconds.
+through :class:`DeliveryView`, cached for ``DELIVERY_VIEW_TTL`` clock seconds.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ MIN_SAMPLE = 20
 #: A lost delivery's job is read within this many clock seconds of finishing (but the late share)...
 LOST_WITHIN = 300.0
 #: ... for all but this share of all jobs, delivered or not.
-LATE_SHARE = 0.035
+LOST_LATE_SHARE = 0.035
 #: The loss planned for at least (a loss never seen yet is not none).
 MIN_LOSS = 0.1
-VIEW_TTL = 60.0
+DELIVERY_VIEW_TTL = 60.0
 _KEEP_MS = 7 * 86_400_000
 
 
@@ -99,7 +99,7 @@ def _choices(ages: list[float], gap: float) -> list[_Choice]:
 
 
 def plans(samples: dict[str, list[float]], weights: dict[str, float], loss: float,
-          gap: float = LOST_WITHIN, share: float = LATE_SHARE) -> dict[str, LatePlan]:
+          gap: float = LOST_WITHIN, share: float = LOST_LATE_SHARE) -> dict[str, LatePlan]:
     """Each kind's plan from its delivery ages (kinds with fewer than ``MIN_SAMPLE``: none)."""
     ages = {k: sorted(v) for k, v in samples.items() if len(v) >= MIN_SAMPLE}
     choices = {k: _choices(v, gap) for k, v in ages.items()}
@@ -161,7 +161,7 @@ class DeliveryStore:
 class DeliveryView:
     """Per-container cache of :meth:`DeliveryStore.plans` (Redis down: no plan, the normal schedule)."""
 
-    def __init__(self, store: DeliveryStore, now: Callable[[], float], ttl: float = VIEW_TTL) -> None:
+    def __init__(self, store: DeliveryStore, now: Callable[[], float], ttl: float = DELIVERY_VIEW_TTL) -> None:
         self.store = store
         self.now = now
         self.ttl = ttl

@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from ..config.settings import BudgetSettings, FunctionSettings, schedule_period, setting
+from ..config.settings import BudgetSettings, FunctionSettings, safety_margin, schedule_period, setting
 from ..core.clock import Clock
 from ..core.jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from ..core.messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
@@ -64,7 +64,7 @@ class FanOutSettings(FunctionSettings):
     period: float = schedule_period("FANOUT_PERIOD_MINUTES")
     #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
     create_queue_url: str = setting("CREATE_QUEUE_URL", "")
-    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+    safety_margin_ms: int = safety_margin()
 
 PAGE_SIZE = 100
 #: Start batches in flight on the sender thread while the next page is read and leased: the tick's
