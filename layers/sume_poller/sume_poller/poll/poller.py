@@ -63,7 +63,7 @@ from ..limits.lease import ChainStep, Claim, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
-from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.client import JobReader, Refused, Retryable
 from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
@@ -98,7 +98,7 @@ class PollSettings(SumeReaderSettings):
 
 
 class Poller:
-    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: SumeClient, store: JobStore,
+    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: JobReader, store: JobStore,
                  bus: EventBus, queue: PollQueue, cadence: Cadence) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
