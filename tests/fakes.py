@@ -421,6 +421,10 @@ class FakeQueue:
         self.sent: list[Outgoing] = []
         self.refuse = 0
 
+    def real_delay(self, delay: float) -> int:
+        """As PollQueue's on a clock at real speed: whole seconds, rounded up, at most 900."""
+        return max(0, min(900, math.ceil(max(0.0, delay) - 1e-9)))
+
     def send(self, messages: Any) -> set[str]:
         unsent = set()
         for m in messages:

@@ -435,7 +435,9 @@ class Poller:
             delay = min(delay, PACED_HOP)
         if signal:
             run.signal(signal)
-        if not run.hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
+        # The lease outlasts the delay SQS applies (whole real seconds, rounded up), not the clock's
+        # delay: a sub-second delay is sent as one second, and the margin is for queueing lag alone.
+        if not run.hold.rest(nxt, due, self.queue.real_delay(delay) + self.s.lease.margin):
             logger.warning("lease lost before re-queue; another chain owns the job")
             return run.outcome("lease_lost")
         self._step("rested", run.chain.job_id)
