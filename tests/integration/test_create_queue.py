@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from itertools import pairwise
 from typing import Any
 
 import pytest
 import redis
-from scenario import FAST_LEASES, settled, stack_fixtures, submission
+from scenario import FAST_LEASES, drain_running, settled, stack_fixtures, submission
 
-from sume_poller.creates.createqueue import drain_lease
 from sume_poller.limits.budget import MINUTE, NO_DAY_RESERVE, Budget, granted_per_window
 from sume_poller.store.submissions import CREATED, REJECTED
 from tools.stack.base import wait_until
@@ -44,21 +41,6 @@ def event(i: int, **sim: Any) -> dict[str, Any]:
             "params": {"prompt": f"burst {i}", "sim": {"duration": 2, **sim}}}
 
 
-@contextmanager
-def a_drain_running(stack: InProcessStack, key_id: str = "default") -> Iterator[None]:
-    """Hold the key's drain lease, as a running drain does: every submission meanwhile queues behind it,
-    however slowly the submissions arrive (else one that comes after the budget's next slot - 7.5 clock s,
-    under half a real second here - is created at once, and what queues depends on the machine's speed).
-    On leaving, the lease is freed with nothing to drain it: fan-out restarts the drain, as after one died."""
-    name = "sume:poll:" + drain_lease(key_id)
-    with redis.Redis.from_url(stack.redis_url) as client:
-        assert client.set(name, "held-by-the-test:0", nx=True, px=120_000), "a drain runs already"
-        try:
-            yield
-        finally:
-            client.delete(name)
-
-
 def create_429s(stack: InProcessStack) -> int:
     return sum(w["creates"]["rate_limited"] for w in stack.sim.stats()["keys"].values())
 
@@ -66,7 +48,7 @@ def create_429s(stack: InProcessStack) -> int:
 def test_a_burst_is_queued_not_refused_and_created_once_each_in_arrival_order(stack: InProcessStack) -> None:
     events = [event(i, **({"insufficient_credits": True} if i == 5 else {})) for i in range(BURST)]
     replies = [stack.submit(events[0])]
-    with a_drain_running(stack):
+    with drain_running(stack):
         replies += [stack.submit(e) for e in events[1:]]  # none raises CreateBudgetExhausted: 0 refused
     keys = [e["idempotency_key"] for e in events]
 
@@ -117,7 +99,7 @@ def test_a_burst_is_queued_not_refused_and_created_once_each_in_arrival_order(st
 def test_a_duplicate_submitted_while_the_first_is_queued_is_the_same_submission(stack: InProcessStack) -> None:
     events = [event(i) for i in range(4)]
     first = [stack.submit(events[0])]
-    with a_drain_running(stack):
+    with drain_running(stack):
         first += [stack.submit(e) for e in events[1:]]
         assert [r["status"] for r in first] == ["submitted", "queued", "queued", "queued"]
         duplicate = stack.submit(events[3])  # still queued behind two others
@@ -137,10 +119,17 @@ def test_a_duplicate_submitted_while_the_first_is_queued_is_the_same_submission(
 
 def test_queue_false_asks_for_the_refusal_and_a_new_submission_queues_behind_a_waiting_one(
         stack: InProcessStack) -> None:
-    first, second = stack.submit(event(0)), stack.submit(event(1))
-    assert (first["status"], second["status"]) == ("submitted", "queued")
-    with pytest.raises(Exception, match="create budget is exhausted: retry the same event in"):
-        stack.submit({**event(2), "queue": False})
+    first = stack.submit(event(0))
+    with drain_running(stack), redis.Redis.from_url(stack.redis_url) as client:
+        second = stack.submit(event(1))
+        assert (first["status"], second["status"]) == ("submitted", "queued")
+        # No slot free, whatever the time since the first took one (a slot is under half a real second):
+        # the budget paused, as after Sume refused a create with 429, then let go.
+        creates = Budget(client, CREATE_BUDGET, 10, 300, stack.clock.now, reserve_every=NO_DAY_RESERVE)
+        creates.pause_key(3_600)
+        with pytest.raises(Exception, match="create budget is exhausted: retry the same event in"):
+            stack.submit({**event(2), "queue": False})
+        creates.pause_key(0)
     assert stack.metric_totals()["CreateBudgetExhausted"] == 1
     assert stack.sim.stats()["create_requests"] == 1
 
