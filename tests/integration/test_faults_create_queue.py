@@ -50,9 +50,12 @@ def drain_idle(stack: InProcessStack) -> bool:
 
 def test_a_queued_submission_past_its_deadline_is_rejected_and_never_created(stack: InProcessStack) -> None:
     events = [event(i) for i in range(PER_DAY + 3)]
+    from sume_poller.wiring import submit as wiring
+
     replies = [stack.submit(events[0])]
     with drain_running(stack):  # the rest queue, however slowly they arrive
         replies += [stack.submit(e) for e in events[1:]]
+    assert wiring.submitter().start_drain("default", None)  # what the second's submit did, had no drain run
     keys = [e["idempotency_key"] for e in events]
     assert [r["status"] for r in replies] == ["submitted"] + ["queued"] * (len(events) - 1)
     # The estimate knows the day is spent after PER_DAY creates: those behind wait for the next day window.
