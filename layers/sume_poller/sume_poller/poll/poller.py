@@ -63,7 +63,7 @@ from ..limits.lease import ChainStep, Claim, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
-from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.client import JobReader, Refused, Retryable
 from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
@@ -98,7 +98,7 @@ class PollSettings(SumeReaderSettings):
 
 
 class Poller:
-    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: SumeClient, store: JobStore,
+    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: JobReader, store: JobStore,
                  bus: EventBus, queue: PollQueue, cadence: Cadence) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
@@ -435,7 +435,9 @@ class Poller:
             delay = min(delay, PACED_HOP)
         if signal:
             run.signal(signal)
-        if not run.hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
+        # The lease outlasts the delay SQS applies (whole real seconds, rounded up), not the clock's
+        # delay: a sub-second delay is sent as one second, and the margin is for queueing lag alone.
+        if not run.hold.rest(nxt, due, self.queue.real_delay(delay) + self.s.lease.margin):
             logger.warning("lease lost before re-queue; another chain owns the job")
             return run.outcome("lease_lost")
         self._step("rested", run.chain.job_id)

@@ -36,7 +36,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -164,6 +164,22 @@ class _Reply:
     def request_id(self) -> str | None:
         rid = self.body.get("request_id") if isinstance(self.body, dict) else None
         return rid if isinstance(rid, str) else self.headers.get("X-Request-Id")
+
+
+class JobReader(Protocol):
+    """What the poll function reads a job with: :class:`SumeClient`, or the stand-in of a key the
+    configuration no longer holds (``wiring.poll.RemovedKey``). Typed, so a stand-in that drifts
+    from the client's signatures fails the type check instead of raising at the first read."""
+
+    result_max_bytes: int
+
+    def get_status(self, job_id: str, *, timeout: float | None = None) -> StatusOutcome: ...
+
+    def get_result(self, job_id: str, *, timeout: float | None = None, inline_limit: int = MAX_BODY,
+                   time_left: Callable[[], float] | None = None) -> ResultOutcome: ...
+
+    def list_jobs(self, *, limit: int, cursor: str | None = None, type_: str | None = None,
+                  status: str | None = None, timeout: float | None = None) -> ListOutcome: ...
 
 
 class SumeClient:
