@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from statistics import NormalDist
+
+from ..core.values import value
 
 #: Below this many completed observations (finite ``upper``) a kind keeps the static schedule.
 MIN_OBSERVATIONS = 30
@@ -75,7 +76,7 @@ def normal_quantile(p: float) -> float:
     return _STD.inv_cdf(p)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Interval:
     """A job finished after ``lower`` seconds and at or before ``upper`` (``math.inf``: censored)."""
 
@@ -84,7 +85,7 @@ class Interval:
     weight: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LogNormal:
     """Completion time T with log T ~ Normal(mu, sigma) (seconds).
 
