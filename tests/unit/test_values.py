@@ -55,7 +55,7 @@ def test_a_value_behaves_as_the_dataclass_of_the_same_body(mode: dict[str, Any])
         assert [f.name for f in dataclasses.fields(a)] == [f.name for f in dataclasses.fields(b)]
         assert a.later == b.later == 7
         twin = _build(ours, kw, *args, **kwargs)
-        assert a == twin and not a != twin and a is not twin
+        assert a == twin and (a != twin) is False and a is not twin
         assert (a == _build(ours, kw, 99)) is False
         assert a.__eq__(b) is NotImplemented  # another class, as the generated __eq__
         if mode.get("frozen", True):
