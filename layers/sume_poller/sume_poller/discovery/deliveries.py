@@ -31,10 +31,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.jobs import KINDS
+from ..core.values import value
 from ..limits.redisconn import RedisFailure
 
 SAMPLE = 200
@@ -50,7 +50,7 @@ DELIVERY_VIEW_TTL = 60.0
 _KEEP_MS = 7 * 86_400_000
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LatePlan:
     """A webhook kind's plan for a chain whose delivery may be lost: when it reads first and after."""
 
@@ -72,7 +72,7 @@ class LatePlan:
         return age <= self.tail + self.gap / 2
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _Choice:
     """A candidate first read, scored by the reads it costs and the lost deliveries it leaves late."""
 

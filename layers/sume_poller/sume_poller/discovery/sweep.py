@@ -60,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, ClassVar
 
 from ..config.keys import SumeKey, record_key
@@ -78,6 +78,7 @@ from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
 from ..core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe, failure
@@ -93,7 +94,7 @@ LAG = 60.0
 READ_SHARE = 0.1
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class SweepFunctionSettings(SumeReaderSettings):
     """The sweep function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -122,7 +123,7 @@ MAX_IDLE_DOUBLINGS = 4
 ROUTE_RETRY = 3_600.0
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class SweepReport:
     """What one sweep tick did: whether it ran (or why not), its reads, what it listed and handed over."""
 
@@ -173,7 +174,7 @@ BUDGET_BUSY = "read budget busy"
 LANE_OPEN = 2 * 86_400.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SweepSettings:
     """What one sweep reads of its function's settings (:meth:`SweepFunctionSettings.sweep` builds
     it; its defaults are the function's, for tests and the bench)."""

@@ -41,7 +41,7 @@ sends with the batch's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from ..config.settings import (
@@ -57,6 +57,7 @@ from ..core.clock import Clock
 from ..core.jobs import PENDING, Evidence, error_delay, result_wait_delay
 from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Mode
 from ..limits.gate import ReadGate
 from ..limits.lease import ChainStep, Claim, new_nonce, new_token
@@ -77,7 +78,7 @@ from .step import LAST_READ_WAIT, PACED_HOP, Deadline, Outcome, Run, plan
 _SLOT_WAITS = frozenset({"budget_wait", "out_of_time"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class PollSettings(SumeReaderSettings):
     """The poll function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
