@@ -46,6 +46,7 @@ class FakeLease:
         self.values: dict[str, str] = {}
         self.down = False
         self.client = self
+        self.rested_ms: dict[str, int] = {}  # the TTL of each job's last rest
 
     def _check(self) -> None:
         if self.down:
@@ -71,6 +72,7 @@ class FakeLease:
         resting = resting_value(step, finishing, slot)
         if self.values.get(job_id) in (step.claimed, resting):
             self.values[job_id] = resting
+            self.rested_ms[job_id] = ttl_ms
             return True
         return False
 
@@ -452,6 +454,10 @@ class FakeQueue:
     def __init__(self) -> None:
         self.sent: list[Outgoing] = []
         self.refuse = 0
+
+    def real_delay(self, delay: float) -> int:
+        """As PollQueue's on a clock at real speed: whole seconds, rounded up, at most 900."""
+        return max(0, min(900, math.ceil(max(0.0, delay) - 1e-9)))
 
     def send(self, messages: Any) -> set[str]:
         unsent = set()

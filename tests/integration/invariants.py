@@ -101,7 +101,7 @@ def check(stack: Any, job_ids: Iterable[str], *, scenario: str, allowance: int |
             problems.append(f"{job_id}: {reads['status_reads_after_terminal']} status reads after Sume said terminal")
     dlq = dlq_bodies(stack)
     problems += [f"not poison in the DLQ: {body[:120]}" for body in dlq if not is_poison(body)]
-    assert not problems, f"{scenario}: " + "\n".join(problems[:25])
+    assert not problems, f"{scenario}{f' ({notes})' if notes else ''}: " + "\n".join(problems[:25])
     ours = [sim[j] for j in ids if j in sim and sim[j].get("min_reads") is not None]
     verdict = Verdict(scenario, len(ids), dict(Counter(str(r.get("status")) for r in records.values())),
                       sum(r["status_reads"] for r in ours), sum(r["min_reads"] for r in ours),
@@ -122,3 +122,42 @@ def write_figures(path: Path = FIGURES_PATH) -> None:
                      f"{row['min_reads']} = {row['reads_per_minimum']} | {row['result_reads']} | {row['events']} "
                      f"| {row['dlq_poison']} | {row['notes']} |")
     path.write_text("\n".join(lines) + "\n")
+
+
+class LeaseLapses:
+    """Counts, per job, the times its chain's lease expired (Redis keyspace notifications of expired
+    keys) while the block ran. A lapse is the documented way a job gets a second chain: fan-out
+    restarts it from its record, whose first step reads the job's status even if Sume had finished
+    it - one status read per lapse. Leases lapse when a message comes back later than its lease's
+    margin (a busy machine's queueing lag), so a scenario that counts reads after Sume said terminal
+    allows exactly the lapses that happened, measured, instead of a guess at how busy the machine is.
+    (Redis deletes an expired key, and notifies, when someone touches it or its expiry sweep finds it:
+    a lapse nobody acted on may go uncounted, and acted on it always is.)"""
+
+    def __init__(self, stack: Any, prefix: str = "sume:poll:") -> None:
+        import redis
+
+        self.prefix, self._client = prefix, redis.Redis.from_url(stack.redis_url, decode_responses=True)
+        self._before = self._client.config_get("notify-keyspace-events")["notify-keyspace-events"]
+        self.counts: Counter[str] = Counter()
+
+    def __enter__(self) -> LeaseLapses:
+        self._client.config_set("notify-keyspace-events", "Ex")
+        self._pubsub = self._client.pubsub()
+        self._pubsub.psubscribe("__keyevent@*__:expired")
+        confirmed = self._pubsub.get_message(timeout=5)
+        assert confirmed is not None and confirmed["type"] == "psubscribe", confirmed
+        return self
+
+    def collect(self) -> Counter[str]:
+        """The lapses so far, per job id (every notification already sent is read)."""
+        while (message := self._pubsub.get_message(timeout=0.05)) is not None:
+            key = str(message["data"]) if message["type"] == "pmessage" else ""
+            if key.startswith(self.prefix) and not key[len(self.prefix):].startswith(("!", "@", "{")):
+                self.counts[key[len(self.prefix):]] += 1
+        return self.counts
+
+    def __exit__(self, *exc: object) -> None:
+        self._pubsub.close()
+        self._client.config_set("notify-keyspace-events", self._before)
+        self._client.close()

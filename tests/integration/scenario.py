@@ -7,10 +7,13 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
+import redis
 
+from sume_poller.creates.createqueue import drain_lease
 from sume_poller.store.records import STATS_PREFIX
 from sume_poller.store.submissions import QUEUED, submission_id
 from tools.services import MotoServer
@@ -68,6 +71,22 @@ def fault_suite_fixtures() -> tuple[Any, Any]:
     refusals the contract does not name are recorded after 5 clock minutes of them (the shortest window)."""
     return stack_fixtures(FAULT_SCALE, {**NO_CREATE_BUDGET, "NotFoundGraceSeconds": 300, "RefusalWindowSeconds": 300},
                           FAST_LEASES)
+
+
+@contextmanager
+def drain_running(stack: InProcessStack, key_id: str = "default") -> Iterator[None]:
+    """Hold the key's drain lease, as a running drain does: every submission meanwhile queues behind it,
+    however slowly the submissions arrive (else one that comes after the create budget's next slot - on a
+    compressed clock a fraction of a real second away - is created at once: what queues would depend on
+    the machine's speed).
+    On leaving, the lease is freed with nothing to drain it: fan-out restarts the drain, as after one died."""
+    name = "sume:poll:" + drain_lease(key_id)
+    with redis.Redis.from_url(stack.redis_url) as client:
+        assert client.set(name, "held-by-the-test:0", nx=True, px=120_000), "a drain runs already"
+        try:
+            yield
+        finally:
+            client.delete(name)
 
 
 def submit(stack: InProcessStack, n: int, sim: dict[str, Any] | Callable[[int], dict[str, Any]],

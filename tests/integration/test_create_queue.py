@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from itertools import pairwise
 from typing import Any
 
 import pytest
 import redis
-from scenario import FAST_LEASES, settled, stack_fixtures, submission
+from scenario import FAST_LEASES, drain_running, settled, stack_fixtures, submission
 
-from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
+from sume_poller.limits.budget import MINUTE, NO_DAY_RESERVE, Budget, granted_per_window
 from sume_poller.store.submissions import CREATED, REJECTED
 from tools.stack.base import wait_until
 from tools.stack.inprocess import InProcessStack
@@ -46,15 +47,22 @@ def create_429s(stack: InProcessStack) -> int:
 
 def test_a_burst_is_queued_not_refused_and_created_once_each_in_arrival_order(stack: InProcessStack) -> None:
     events = [event(i, **({"insufficient_credits": True} if i == 5 else {})) for i in range(BURST)]
-    replies = [stack.submit(e) for e in events]  # none raises CreateBudgetExhausted: 0 refused
+    replies = [stack.submit(events[0])]
+    with drain_running(stack):
+        replies += [stack.submit(e) for e in events[1:]]  # none raises CreateBudgetExhausted: 0 refused
     keys = [e["idempotency_key"] for e in events]
 
     assert replies[0]["status"] == "submitted" and replies[0]["new"]  # the budget's free slot: created at once
     queued = replies[1:]
     assert [r["status"] for r in queued] == ["queued"] * len(queued), queued
     assert [r["idempotency_key"] for r in queued] == keys[1:]
+    # Each queued submission is estimated one create slot after the one before it, whatever the time
+    # between their arrivals: the next free slot does not move back while nothing is created, and each
+    # has one more ahead of it (estimates are rounded up to whole seconds: 1 s of slack per gap).
     estimates = [r["estimated_create_at"] for r in queued]
-    assert estimates == sorted(estimates) and estimates[-1] - estimates[0] >= 7.5 * (len(queued) - 2)
+    slot = MINUTE / granted_per_window(PARAMETERS["CreatesPerMinute"])
+    gaps = [b - a for a, b in pairwise(estimates)]
+    assert all(gap >= slot - 1 for gap in gaps), (slot, gaps)
     assert all(r["deadline_at"] >= r["estimated_create_at"] for r in queued)
 
     stack.drive(lambda: settled(stack, keys), timeout=120, fanout_every=1.0)
@@ -90,10 +98,11 @@ def test_a_burst_is_queued_not_refused_and_created_once_each_in_arrival_order(st
 
 def test_a_duplicate_submitted_while_the_first_is_queued_is_the_same_submission(stack: InProcessStack) -> None:
     events = [event(i) for i in range(4)]
-    first = [stack.submit(e) for e in events]
-    assert [r["status"] for r in first] == ["submitted", "queued", "queued", "queued"]
-
-    duplicate = stack.submit(events[3])  # still queued behind two others
+    first = [stack.submit(events[0])]
+    with drain_running(stack):
+        first += [stack.submit(e) for e in events[1:]]
+        assert [r["status"] for r in first] == ["submitted", "queued", "queued", "queued"]
+        duplicate = stack.submit(events[3])  # still queued behind two others
     assert duplicate["status"] == "queued" and duplicate["replayed"] is True
     assert duplicate["idempotency_key"] == events[3]["idempotency_key"]
     assert duplicate["deadline_at"] == first[3]["deadline_at"]
@@ -110,10 +119,17 @@ def test_a_duplicate_submitted_while_the_first_is_queued_is_the_same_submission(
 
 def test_queue_false_asks_for_the_refusal_and_a_new_submission_queues_behind_a_waiting_one(
         stack: InProcessStack) -> None:
-    first, second = stack.submit(event(0)), stack.submit(event(1))
-    assert (first["status"], second["status"]) == ("submitted", "queued")
-    with pytest.raises(Exception, match="create budget is exhausted: retry the same event in"):
-        stack.submit({**event(2), "queue": False})
+    first = stack.submit(event(0))
+    with drain_running(stack), redis.Redis.from_url(stack.redis_url) as client:
+        second = stack.submit(event(1))
+        assert (first["status"], second["status"]) == ("submitted", "queued")
+        # No slot free, whatever the time since the first took one (a slot is under half a real second):
+        # the budget paused, as after Sume refused a create with 429, then let go.
+        creates = Budget(client, CREATE_BUDGET, 10, 300, stack.clock.now, reserve_every=NO_DAY_RESERVE)
+        creates.pause_key(3_600)
+        with pytest.raises(Exception, match="create budget is exhausted: retry the same event in"):
+            stack.submit({**event(2), "queue": False})
+        creates.pause_key(0)
     assert stack.metric_totals()["CreateBudgetExhausted"] == 1
     assert stack.sim.stats()["create_requests"] == 1
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 import redis
-from scenario import FAST_LEASES, settled, stack_fixtures, submission
+from scenario import FAST_LEASES, drain_running, settled, stack_fixtures, submission
 
 from sume_poller.creates.createqueue import EXPIRED
 from sume_poller.store.submissions import CREATED, REJECTED
+from tools.stack.base import queue_depth
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
@@ -42,8 +43,6 @@ def event(i: int) -> dict[str, Any]:
 
 def drain_idle(stack: InProcessStack) -> bool:
     """No drain runs (its lease is free) and no step of one waits in the create queue."""
-    from tools.stack.base import queue_depth
-
     with redis.Redis.from_url(stack.redis_url) as rdb:
         free = not rdb.exists("sume:poll:!drain:default")
     return free and queue_depth(stack.client("sqs"), stack.outputs["CreateQueueUrl"]) == 0
@@ -51,7 +50,12 @@ def drain_idle(stack: InProcessStack) -> bool:
 
 def test_a_queued_submission_past_its_deadline_is_rejected_and_never_created(stack: InProcessStack) -> None:
     events = [event(i) for i in range(PER_DAY + 3)]
-    replies = [stack.submit(e) for e in events]
+    from sume_poller.wiring import submit as wiring
+
+    replies = [stack.submit(events[0])]
+    with drain_running(stack):  # the rest queue, however slowly they arrive
+        replies += [stack.submit(e) for e in events[1:]]
+    assert wiring.submitter().start_drain("default", None)  # what the second's submit did, had no drain run
     keys = [e["idempotency_key"] for e in events]
     assert [r["status"] for r in replies] == ["submitted"] + ["queued"] * (len(events) - 1)
     # The estimate knows the day is spent after PER_DAY creates: those behind wait for the next day window.
@@ -81,8 +85,11 @@ def test_a_drain_step_failing_after_its_create_is_billed_once(stack: InProcessSt
 
     # Two submissions: the repeated create takes a slot of the key's day budget too (3 here).
     events = [event(i) for i in range(2)]
-    replies = [stack.submit(e) for e in events]
+    replies = [stack.submit(events[0])]
+    with drain_running(stack):  # the second queues, however slowly it arrives
+        replies.append(stack.submit(events[1]))
     assert [r["status"] for r in replies] == ["submitted", "queued"]
+    assert wiring.submitter().start_drain("default", None)  # what its submit did, had no drain been running
     store = wiring.drainer().store
     settle, failed = store.settle_submission, []
 
@@ -110,11 +117,11 @@ def test_a_drain_step_failing_after_its_create_is_billed_once(stack: InProcessSt
 
 def test_fan_out_restarts_a_drain_that_died(stack: InProcessStack) -> None:
     events = [event(i) for i in range(3)]
-    assert [stack.submit(e)["status"] for e in events] == ["submitted", "queued", "queued"]
-    # The drain dies: its message is lost and its lease expires.
-    stack.client("sqs").purge_queue(QueueUrl=stack.outputs["CreateQueueUrl"])
-    with redis.Redis.from_url(stack.redis_url) as rdb:
-        assert rdb.delete("sume:poll:!drain:default") == 1
+    replies = [stack.submit(events[0])]
+    with drain_running(stack):  # a drain that dies: no message of it left, its lease gone when it ends
+        replies += [stack.submit(e) for e in events[1:]]
+    assert [r["status"] for r in replies] == ["submitted", "queued", "queued"]
+    assert queue_depth(stack.client("sqs"), stack.outputs["CreateQueueUrl"]) == 0
 
     report = stack.fanout()
     assert report["drains_started"] == 1

@@ -876,7 +876,7 @@ def test_webhook_is_delivered_signed_and_duplicated(make_client: Callable[..., C
 
 
 def test_control_job_and_stats_counters(client: Client) -> None:
-    job_id = client.create(sim={"steps": 4})
+    job_id = client.create(sim={"steps": 4, "duration": 3_600})  # queued for 15 minutes: still queued, however slow
     for _ in range(3):
         client.status(job_id)
     client.api("GET", f"/jobs/{job_id}/result")

@@ -32,7 +32,7 @@ from sume_poller.core.clock import Clock
 from sume_poller.creates.drain import Drainer
 from sume_poller.creates.submit import SubmitRetryable, SubmitSettings, Submitter, one_key
 from sume_poller.discovery.coverage import CoverageStore, CoverageView
-from sume_poller.discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps, SweepSettings
+from sume_poller.discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps
 from sume_poller.discovery.webhook import WebhookReceiver, WebhookSettings
 from sume_poller.limits import gate as gate_module
 from sume_poller.limits.budget import NO_DAY_RESERVE, Budget
@@ -257,8 +257,7 @@ class World:
     def sweeps(self, remaining_ms: Callable[[], int]) -> Sweeps:
         s = self.sweep_settings
         client = self.redis.client()
-        settings = SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100,
-                                 max_age=float(s.jobs.max_age))
+        settings = s.sweep()
         return Sweeps([Sweeper(settings, self.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
                                margin_real=s.lease.margin, sume=self.sume_client(s),
                                store=self.store(s),

@@ -17,7 +17,7 @@ from test_poller import ENV, FixedCoverage, Rig
 from sume_poller.config.settings import DiscoverySettings
 from sume_poller.core.messages import STATUS_PHASE, PollMessage
 from sume_poller.discovery.coverage import Coverage, is_canary
-from sume_poller.discovery.deliveries import LATE_SHARE, LOST_WITHIN, MIN_SAMPLE, DeliveryStore, LatePlan, plans
+from sume_poller.discovery.deliveries import LOST_LATE_SHARE, LOST_WITHIN, MIN_SAMPLE, DeliveryStore, LatePlan, plans
 from sume_poller.poll.cadence import Cadence
 from sume_poller.poll.poller import PollSettings
 from sume_poller.sume.client import Retryable
@@ -83,7 +83,7 @@ def test_the_plan_keeps_lost_deliveries_found_late_within_the_share_and_reads_be
     fresh = {k: lognormal(m, s, 4_000, rng) for k, (m, s) in KINDS.items()}
     measured = {k: reads_before_and_late(got[k], fresh[k]) for k in KINDS}
     late = sum(v[1] for v in measured.values()) / len(KINDS)
-    assert late * 0.3 <= LATE_SHARE + 0.015, measured  # the sample's own noise apart
+    assert late * 0.3 <= LOST_LATE_SHARE + 0.015, measured  # the sample's own noise apart
     assert sum(v[0] for v in measured.values()) / len(KINDS) < 0.5, measured
     assert got["image"].first < 80 and measured["image"][0] < 0.05  # a short kind: read once, after nearly all
 

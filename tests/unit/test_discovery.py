@@ -9,7 +9,6 @@ import pytest
 from fakes import FakeBudget, FakeClock, FakeCoverage, FakeLease, FakeQueue, FakeStore, FakeSume, refused
 
 from sume_poller.core.messages import RESULT_PHASE, STATUS_PHASE, parse_message
-from sume_poller.discovery.sweep import RARE_EVERY as SWEEP_RARE
 from sume_poller.discovery.sweep import Sweeper, SweepSettings
 from sume_poller.discovery.webhook import WebhookReceiver, signature
 from sume_poller.limits.budget import Grant
@@ -231,7 +230,7 @@ def test_a_kind_never_missed_is_covered_on_its_first_find_and_once_missed_needs_
 def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_and_an_overdue_failure_status(
         parts: Parts) -> None:
     """And judges only the chains' finds of the statuses it listed; each failure status at least
-    every RARE_EVERY, from the lane or the line's spare reads."""
+    every safety cadence (rare_every), from the lane or the line's spare reads."""
     parts.sume.listing = [page()] * 4
     assert parts.sweeper().run().reads == 4  # every status (the lane sustains 4 a tick and had them free)
     parts.coverage.found("video", "job_failed", parts.clock.now(), status="failed")
@@ -244,7 +243,8 @@ def test_where_the_lane_cannot_pay_for_every_status_a_sweep_lists_completed_and_
     assert report.complete and report.reads == 1 and parts.sume.calls[-1] == ("list", "completed")
     assert parts.budget.counts == [4, 1]
     assert report.coverage.get("video", (0, 0)) == (0, 0)  # the failed find waits for a sweep of failures
-    parts.clock.advance(SWEEP_RARE)  # every failure status due: the one listed longest ago beside completed
+    # every failure status due: the one listed longest ago beside completed
+    parts.clock.advance(SweepSettings(period=60.0).rare_every)
     parts.coverage.update(**{"read_at:canceled": parts.clock.now() - 1, "read_at:expired": parts.clock.now() - 1})
     parts.budget.modes.clear()
     parts.budget.grants = [Grant(False, 300.0)] * 2

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import json, sys, app; print(json.dumps(sorted(m for m in sys.modules "
-         "if m.startswith('sume_poller.') or m in ('redis', 'aws_lambda_powertools.utilities.batch'))))")
+         "if m.startswith('sume_poller.') or m in ('redis', 'statistics', 'aws_lambda_powertools.utilities.batch'))))")
 #: function -> modules its handler must not load (``sume_poller.`` left out), and why.
 NOT_LOADED = {
     "poll": {"discovery.sweep", "discovery.webhook", "creates.submit", "creates.createqueue", "creates.drain",
@@ -51,3 +51,10 @@ def test_a_handler_loads_no_module_of_another_function(function: str) -> None:
 
 def test_the_jobs_function_does_not_import_redis() -> None:
     assert "redis" not in _loaded("jobs")
+
+
+@pytest.mark.parametrize("function", sorted(NOT_LOADED))
+def test_statistics_waits_for_the_first_learned_plan(function: str) -> None:
+    """statistics and the fractions it imports (about 1 ms of a cold start) load where a plan needs the
+    normal quantile, not with the handler."""
+    assert "statistics" not in _loaded(function)

@@ -269,3 +269,18 @@ def test_the_deadline_of_a_job_waiting_on_sumes_gate_says_its_result_was_not_rea
     out = rig.run(at_deadline(rig, waiting))  # the last read gets no answer
     rec = record(rig)
     assert out.status == "timed_out" and (rec["error"]["code"], rec["evidence"]) == ("result_not_ready", "deadline")
+
+
+# == a removed key =================================================================================
+def test_a_job_of_a_removed_key_is_recorded_key_removed_through_the_real_stand_in(rig: Rig) -> None:
+    """The poll function's stand-in for a key the configuration no longer holds (wiring.poll.RemovedKey)
+    takes the calls the poller makes. Before: its signatures had drifted from the client's (``budget=``
+    where the poller passes ``timeout=``), every read raised TypeError, the message went back to SQS
+    until the DLQ and the job stayed pending; the JobReader protocol makes mypy catch that now."""
+    from sume_poller.wiring.poll import RemovedKey
+
+    rig.poller.sume = RemovedKey("acme", 1_000_000)
+    out = rig.run(rig.submit())
+    assert out.send is None
+    assert (record(rig)["status"], record(rig)["evidence"], record(rig)["error"]["code"]) == (
+        "failed", Evidence.KEY_REMOVED.value, "key_removed")

@@ -110,6 +110,16 @@ def test_a_running_job_rests_its_lease_and_hands_back_the_next_step(rig: Rig) ->
     assert rig.lease.values["job_a"] == f"{first.token}:1"
 
 
+@pytest.mark.parametrize("hint", [0.3, 2.5, 61.2])
+def test_a_rested_lease_outlasts_the_whole_seconds_sqs_delays_its_message_by(rig: Rig, hint: float) -> None:
+    """SQS delays a message by whole seconds, rounded up: the lease lives that long plus the margin (before:
+    the clock's delay plus the margin, so a 0.3 s delay, sent as 1 s, ate 0.7 s of the margin)."""
+    rig.sume.status["job_a"] = [status("running", hint)]
+    out = rig.run(rig.submit())
+    assert out.send is not None and out.send.delay > 0
+    assert rig.lease.rested_ms["job_a"] == (math.ceil(out.send.delay) + rig.poller.s.lease.margin) * 1000
+
+
 def test_a_chain_runs_to_its_terminal_write_and_one_event(rig: Rig) -> None:
     rig.sume.status["job_a"] = [status("queued"), status("running"), done()]
     outcomes = rig.follow(rig.submit())

@@ -32,7 +32,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 from urllib.parse import unquote
 
@@ -41,6 +41,7 @@ from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 from ..core.aws import AwsError, error_code
 from ..core.jobs import InvalidJobId, validate_job_id
 from ..core.observability import logger
+from ..core.values import value
 from .reader import JobReader
 
 #: Largest POST body (the submit function refuses params over 64,000 bytes anyway).
@@ -53,7 +54,7 @@ _RETRY_IN = re.compile(r"\bretry\b.*?\b(?:in|after) (\d+(?:\.\d+)?) ?s\b")
 _RETRYABLE = {"CreateBudgetExhausted": (429, "create_budget_exhausted"), "SubmitRetryable": (503, "submit_retryable")}
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Reply:
     """An HTTP reply: status, JSON body, extra headers."""
 

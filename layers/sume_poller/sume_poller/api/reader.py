@@ -31,10 +31,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self
 
 from ..config.settings import Common, Env, declared, setting
+from ..core.values import value
 
 #: The record's fields a reply carries, as they are ("key": the Sume key the job belongs to, if
 #: the record names one). Nothing else of the record leaves the function.
@@ -44,7 +44,7 @@ RESULT_FIELDS = ("result_location", "result", "result_url", "result_url_expires_
                  "result_content_type")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class JobsSettings:
     """The jobs function's settings (read once per container, :class:`~sume_poller.config.settings.ConfigError`
     at cold start). Not a :class:`~sume_poller.config.settings.FunctionSettings`: this function sends no

@@ -47,11 +47,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Generic, TypeVar
 
 from ..core.jobs import keyed_shard, valid_key_id
 from ..core.observability import count_now, logger
+from ..core.values import value
 
 #: Seconds the key configuration is reused before it is read again.
 MAX_AGE = 60.0
@@ -89,7 +90,7 @@ def check_key_id(value: object) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Limits:
     """Sume's budgets for one key (0: not limited here)."""
 
@@ -99,7 +100,7 @@ class Limits:
     creates_per_day: int = 300
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SumeKey:
     """One key: its id, limits and secrets. ``api_key()`` answers the current value."""
 

@@ -5,8 +5,9 @@ Each function gets the settings it reads, a :class:`FunctionSettings` built from
 (``PollSettings`` in :mod:`sume_poller.poll.poller`, ``FanOutSettings`` in :mod:`sume_poller.poll.fanout`,
 ``SubmitSettings`` in :mod:`sume_poller.creates.submit`, ``SweepFunctionSettings`` in
 :mod:`sume_poller.discovery.sweep`, ``WebhookSettings`` in :mod:`sume_poller.discovery.webhook`): a
-function's cold start creates its own settings classes only (each frozen dataclass costs about
-0.4 ms of CPU to create on Python 3.13, bench figure 4). A field names its variable,
+function's cold start creates its own settings classes only (each settings class, a
+:func:`~sume_poller.core.values.value`, costs about 0.1 ms of CPU to create on Python 3.13, bench
+figure 4). A field names its variable,
 default and bounds once, with :func:`setting`. ``template.yaml`` sets the variables; a missing or
 bad value fails the cold start with :class:`ConfigError`, which lists every problem, one line
 each, naming the variable - instead of failing later on the first message that needs it.
@@ -29,12 +30,13 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any, ClassVar, Self, get_type_hints
 from urllib.parse import urlsplit
 
 from ..core.clock import Clock
 from ..core.jobs import valid_key_id
+from ..core.values import value
 
 #: template.yaml's PollQueue VisibilityTimeout and PollFunction Timeout. A claim on a job's lease
 #: must expire before SQS delivers a message whose poller crashed again: the claim may be taken as
@@ -153,6 +155,12 @@ def schedule_period(var: str) -> Any:
     return field(default=60.0, metadata={"period": var})
 
 
+def default(cls: type[Any], name: str) -> Any:
+    """The default field ``name`` of settings class ``cls`` declares (where another class keeps the
+    value without reading it from the environment)."""
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
 def declared(cls: type[Any], env: Env) -> dict[str, Any]:
     """The values of ``cls``'s fields declared with :func:`setting`, read from ``env``."""
     values: dict[str, Any] = {}
@@ -183,7 +191,7 @@ class Group:
         return cls(**declared(cls, env))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Common:
     """What every function reads: the job table, the (compressible) clock, whether endpoints may be local."""
 
@@ -204,7 +212,7 @@ class Common:
                    retention_days=env.integer("RETENTION_DAYS", 0, 0, RETENTION_DAYS_MAX))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SumeSettings(Group):
     """Sume's base URL, where the default key's API key is kept, and the socket timeouts (real seconds)."""
 
@@ -225,7 +233,7 @@ class SumeSettings(Group):
                    **declared(cls, env))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class KeySettings(Group):
     """The Sume keys a deployment serves (:mod:`sume_poller.config.keys`): the default key's id (jobs and
     events that name no key) and the key configuration's Secrets Manager secret, if any."""
@@ -244,7 +252,7 @@ class KeySettings(Group):
                    **declared(cls, env))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RedisSettings(Group):
     """The Redis endpoint, its mode, its credentials' secret, the key prefix and the socket timeout."""
 
@@ -276,7 +284,7 @@ class RedisSettings(Group):
                    secret_name=env.text("REDIS_SECRET_NAME", "") or None, key_prefix=prefix, **declared(cls, env))
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LeaseSettings(Group):
     """Real seconds: they cover processing and queueing lag, which a compressed clock does not shorten."""
 
@@ -297,7 +305,17 @@ def safety_cadence() -> Any:
     return setting("SWEEP_SAFETY_SECONDS", 900.0, 60.0, 86_400.0)
 
 
-@dataclass(frozen=True, slots=True)
+#: The default of ``SAFETY_MARGIN_MS`` (real milliseconds).
+SAFETY_MARGIN_MS = 3_000
+
+
+def safety_margin() -> Any:
+    """``SAFETY_MARGIN_MS``: a function stops starting work when less than this much of its
+    invocation is left (real ms). One variable, read by each function that needs it."""
+    return setting("SAFETY_MARGIN_MS", SAFETY_MARGIN_MS, 0, 60_000)
+
+
+@value
 class BudgetSettings(Group):
     """Sume's per-key budgets (0 = not limited here). Defaults: Sume's documented numbers."""
 
@@ -313,7 +331,7 @@ class BudgetSettings(Group):
     reserve_every: float = safety_cadence()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class JobSettings(Group):
     """How long a job may stay pending, how long a 404 is read-after-create lag, the pending shards."""
 
@@ -328,7 +346,7 @@ class JobSettings(Group):
     pending_shards: int = setting("PENDING_SHARDS", 8, 1, 64)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ScheduleSettings(Group):
     """The read schedule: learned once a kind has enough observations, within these bounds."""
 
@@ -340,7 +358,7 @@ class ScheduleSettings(Group):
     age_fraction: float = setting("POLL_AGE_FRACTION", 0.5, 0.01, 10.0)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DiscoverySettings(Group):
     """Bulk discovery (sweeps of Sume's list route): what chains do where sweeps proved coverage."""
 
@@ -362,7 +380,7 @@ def kinds_of(raw: str) -> frozenset[str]:
     return frozenset(k.strip() for k in raw.split(",") if k.strip())
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class FunctionSettings:
     """What one function reads: ``common``, its :class:`Group` fields (each read by its group),
     its fields declared with :func:`setting`, and what :meth:`read_own` adds. Validated once, at
@@ -403,14 +421,14 @@ class FunctionSettings:
         """Checks across fields: add problems to ``env``."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class SumeReaderSettings(FunctionSettings):
     """The functions that call Sume: its client and the shared budget."""
 
     sume: SumeSettings
     budget: BudgetSettings
     #: Stop starting work when less than this much of the invocation is left (real ms).
-    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+    safety_margin_ms: int = safety_margin()
 
     def check(self, env: Env) -> None:
         env.check(bool(self.sume.api_key_name or self.keys.config_secret),

@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import field, fields, replace
 from enum import StrEnum
 from typing import Any
 
 from .jobs import KINDS, Evidence, InvalidJobId, valid_key_id, validate_job_id
+from .values import value
 
 VERSION = 3
 #: Each version's fields beyond v2's: a message that needs none of them is written as v2.
@@ -56,7 +57,7 @@ SOURCES = tuple(Source)
 _FINDING_FIELDS = ("status", "sume_status", "error", "source", "result_ready")
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Finding:
     """What a chain knows of its job's end, and whose word it is (the message's ``outcome``).
 
@@ -127,7 +128,7 @@ class MessageError(ValueError):
     """A poll message that cannot be processed (it is poison: retrying will not help)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PollMessage:
     """One step of a job's chain as the poll queue carries it (the fields and versions: above)."""
 

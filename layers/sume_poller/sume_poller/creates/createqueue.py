@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 from ..core.jobs import valid_key_id
+from ..core.values import value
 from ..limits.budget import DAY, MINUTE, granted_per_window
 
 #: A queued submission past its deadline: recorded rejected with this error, never created.
@@ -42,7 +43,7 @@ class DrainMessageError(ValueError):
     """A create-queue message that cannot be processed (poison)."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class DrainMessage:
     """Step ``seq`` of the drain chain ``token`` of key ``key`` (None: the deployment's default
     key - messages name only the others, as poll messages do); ``errors``: transient create faults

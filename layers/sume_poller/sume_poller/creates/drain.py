@@ -43,11 +43,12 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from ..config.keys import UnknownKey
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Mode, RateInfo
 from ..limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
 from ..limits.redisconn import RedisFailure
@@ -66,7 +67,7 @@ BACKOFF_MAX = 300.0
 REPLAY_WINDOW = 900.0
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class DrainReport:
     """What one invocation's drain steps did (its metrics)."""
 

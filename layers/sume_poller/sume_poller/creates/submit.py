@@ -46,7 +46,6 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..config.keys import Limits, SumeKey, UnknownKey
@@ -54,6 +53,7 @@ from ..config.settings import Common, Env, ScheduleSettings, SumeReaderSettings,
 from ..core.jobs import KINDS, InvalidJobId, valid_key_id, validate_job_id
 from ..core.messages import PollMessage
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Budget, Grant, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.pacer import LocalPacer
@@ -67,7 +67,7 @@ from ..sume.created import Created
 from .createqueue import DrainMessage, drain_lease, estimate_create_at
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class SubmitSettings(SumeReaderSettings):
     """The submit function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -138,7 +138,7 @@ def _rejected(reason: str, **extra: Any) -> dict[str, Any]:
     return {"status": "rejected", "error": reason, "job_ids": [], **extra}
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SubmitKey:
     """What a submission uses of its Sume key: the key, its client and its create budget (with the
     outage pacer that stands in for it while Redis is down)."""

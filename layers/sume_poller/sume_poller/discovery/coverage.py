@@ -28,7 +28,7 @@ Chains of a covered kind stretch to a safety cadence, except about one in twenty
 chosen by job id) that stay on the normal schedule and keep measuring coverage - read no more
 often than sweeps run (a find is judged by the next complete sweep: reading more often than that
 measures nothing more). Chains read
-this state through :class:`CoverageView`, cached for ``VIEW_TTL`` clock seconds per container,
+this state through :class:`CoverageView`, cached for ``COVERAGE_VIEW_TTL`` clock seconds per container,
 so a stretched chain that hops every few minutes returns to the normal schedule soon after
 sweeps stop proving anything.
 """
@@ -39,10 +39,11 @@ import hashlib
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..core.jobs import KINDS
+from ..core.values import value
 from ..limits.redisconn import RedisFailure
 
 #: Covered finds in a row a kind needs once sweeps have missed one of its finds (before: one).
@@ -51,7 +52,7 @@ MIN_COVERED = 5
 FOUND_MAX_AGE = 86_400.0
 FOUND_MAX = 1_000
 CANARY_EVERY = 20
-VIEW_TTL = 30.0
+COVERAGE_VIEW_TTL = 30.0
 
 
 def is_canary(job_id: str) -> bool:
@@ -59,7 +60,7 @@ def is_canary(job_id: str) -> bool:
     return int(hashlib.sha256(job_id.encode()).hexdigest()[:8], 16) % CANARY_EVERY == 0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Coverage:
     """A snapshot: which kinds chains may stretch for, until when."""
 
@@ -118,11 +119,11 @@ class CoverageStore:
     def snapshot(self, now: float) -> Coverage:
         raw = self.client.hgetall(self.key)
         covered, counts = set(), {}
-        for name, value in raw.items():
+        for name, count in raw.items():
             if name.startswith("cov:"):
                 kind = name[4:]
-                counts[kind] = (int(value), int(raw.get(f"miss:{kind}", 0)))
-                if int(value) >= (MIN_COVERED if counts[kind][1] else 1):
+                counts[kind] = (int(count), int(raw.get(f"miss:{kind}", 0)))
+                if int(count) >= (MIN_COVERED if counts[kind][1] else 1):
                     covered.add(kind)
         return Coverage(float(raw.get("healthy_until", 0)), frozenset(covered), raw.get("route", "unknown"), counts,
                         float(raw.get("webhook_at", 0)), float(raw.get("every", 0)))
@@ -197,7 +198,7 @@ def _status(member: str) -> str | None:
 class CoverageView:
     """Per-container cache of :meth:`CoverageStore.snapshot` (Redis down: nothing stretches)."""
 
-    def __init__(self, store: CoverageStore, now: Callable[[], float], ttl: float = VIEW_TTL) -> None:
+    def __init__(self, store: CoverageStore, now: Callable[[], float], ttl: float = COVERAGE_VIEW_TTL) -> None:
         self.store = store
         self.now = now
         self.ttl = ttl

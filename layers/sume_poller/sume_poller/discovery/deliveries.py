@@ -15,7 +15,7 @@ largest age, ``tail``; past it, reads space out geometrically (half the age). Ea
 ``first`` minimises the reads made before completion (what every job pays, delivered or not)
 plus the share of jobs a lost delivery would leave unfound for longer than ``LOST_WITHIN``,
 priced by one multiplier for all kinds: the smallest that keeps those late jobs, over every
-kind by its deliveries and times the loss, within ``LATE_SHARE`` of all jobs (the p95). A read up
+kind by its deliveries and times the loss, within ``LOST_LATE_SHARE`` of all jobs (the p95). A read up
 to ``tail`` (and half a gap past it) asks the result route (:meth:`LatePlan.probes`): a result is
 Sume's word that the job completed (one read for a lost delivery, not a status read and a result
 read); any other answer leaves the job to its next read. Past that (a failed job whose delivery
@@ -29,7 +29,7 @@ for as long as the job runs; reads up to the oldest age seen so far (and half a 
 result route, the later ones the status. A kind with no delivery age yet has no plan: while
 deliveries arrive, its chains read every ``LOST_WITHIN`` seconds (status reads;
 :mod:`sume_poller.poll.cadence`). Containers read the lists through :class:`DeliveryView`, cached
-for ``VIEW_TTL`` clock seconds.
+for ``DELIVERY_VIEW_TTL`` clock seconds.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.jobs import KINDS
+from ..core.values import value
 from ..limits.redisconn import RedisFailure
 
 SAMPLE = 200
@@ -49,14 +49,14 @@ MIN_SAMPLE = 20
 #: A lost delivery's job is read within this many clock seconds of finishing (but the late share)...
 LOST_WITHIN = 300.0
 #: ... for all but this share of all jobs, delivered or not.
-LATE_SHARE = 0.035
+LOST_LATE_SHARE = 0.035
 #: The loss planned for at least (a loss never seen yet is not none).
 MIN_LOSS = 0.1
-VIEW_TTL = 60.0
+DELIVERY_VIEW_TTL = 60.0
 _KEEP_MS = 7 * 86_400_000
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LatePlan:
     """A webhook kind's plan for a chain whose delivery may be lost: when it reads first and after."""
 
@@ -80,7 +80,7 @@ class LatePlan:
         return age <= self.tail + self.gap / 2
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class _Choice:
     """A candidate first read, scored by the reads it costs and the lost deliveries it leaves late."""
 
@@ -107,7 +107,7 @@ def _choices(ages: list[float], gap: float) -> list[_Choice]:
 
 
 def plans(samples: dict[str, list[float]], weights: dict[str, float], loss: float,
-          gap: float = LOST_WITHIN, share: float = LATE_SHARE) -> dict[str, LatePlan]:
+          gap: float = LOST_WITHIN, share: float = LOST_LATE_SHARE) -> dict[str, LatePlan]:
     """Each kind's plan from its delivery ages (kinds with fewer than ``MIN_SAMPLE``: a learning
     plan, a gap after the youngest age; with none: no plan)."""
     ages = {k: sorted(v) for k, v in samples.items() if len(v) >= MIN_SAMPLE}
@@ -172,7 +172,7 @@ class DeliveryStore:
 class DeliveryView:
     """Per-container cache of :meth:`DeliveryStore.plans` (Redis down: no plan, the normal schedule)."""
 
-    def __init__(self, store: DeliveryStore, now: Callable[[], float], ttl: float = VIEW_TTL) -> None:
+    def __init__(self, store: DeliveryStore, now: Callable[[], float], ttl: float = DELIVERY_VIEW_TTL) -> None:
         self.store = store
         self.now = now
         self.ttl = ttl

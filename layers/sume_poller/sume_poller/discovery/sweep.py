@@ -7,8 +7,8 @@ are not documented, so a sweep assumes nothing it has not checked:
   are matched to this project's pending jobs by their records (which know each job's kind);
   ids this project never submitted are ignored. Where the lane cannot pay for all four each tick, a
   sweep lists ``completed`` and beside it the failure status listed longest ago once that is
-  ``RARE_EVERY`` ago (else ``completed`` alone), and judges only the chains' finds of the statuses
-  it listed;
+  the safety cadence ago (else ``completed`` alone), and judges only the chains' finds of the
+  statuses it listed;
 * the filter filters: every item of a page must carry a terminal status equal to the one asked
   (case-insensitive, synonyms allowed: ``complete`` for ``completed``, ``cancelled`` for
   ``canceled``...). Anything else on the page - a running job, an item without a status, another
@@ -60,15 +60,25 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, ClassVar
 
 from ..config.keys import SumeKey, record_key
-from ..config.settings import SumeReaderSettings, schedule_period, setting
+from ..config.settings import (
+    SAFETY_MARGIN_MS,
+    DiscoverySettings,
+    JobSettings,
+    SumeReaderSettings,
+    default,
+    safety_cadence,
+    schedule_period,
+    setting,
+)
 from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, State, canonical_terminal_status, classify_status, validate_job_id
 from ..core.messages import RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe, failure
@@ -78,8 +88,13 @@ from ..sume.client import Refused, SumeClient
 from ..sume.listing import Listing
 from .coverage import CoverageStore
 
+#: Defaults written once, for the function's settings and a sweep's own.
+MAX_PAGES = 20
+LAG = 60.0
+READ_SHARE = 0.1
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@value(kw_only=True)
 class SweepFunctionSettings(SumeReaderSettings):
     """The sweep function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -87,23 +102,28 @@ class SweepFunctionSettings(SumeReaderSettings):
     what: ClassVar[str] = "sweep function"
     #: Between schedule ticks (a sweep runs on a tick only while it saves reads).
     period: float = schedule_period("SWEEP_PERIOD_MINUTES")
-    max_pages: int = setting("SWEEP_MAX_PAGES", 20, 1, 1_000)
+    max_pages: int = setting("SWEEP_MAX_PAGES", MAX_PAGES, 1, 1_000)
     #: How long Sume's list may lag a job's terminal status (clock seconds).
-    lag: float = setting("SWEEP_LAG_SECONDS", 60.0, 0.0, 3_600.0)
+    lag: float = setting("SWEEP_LAG_SECONDS", LAG, 0.0, 3_600.0)
     #: Percent of each read-budget window kept for list reads while sweeps are on (their lane).
-    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", 10, 1, 50)
+    read_share: int = setting("SWEEP_READ_SHARE_PERCENT", round(READ_SHARE * 100), 1, 50)
+    #: The safety cadence: where the lane cannot list every status each tick, a failure status is
+    #: listed at least this often (clock seconds).
+    safety: float = safety_cadence()
+
+    def sweep(self) -> SweepSettings:
+        """What one sweep reads of these (its shares as fractions, its clock seconds)."""
+        return SweepSettings(self.period, self.max_pages, self.lag, self.safety_margin_ms, self.read_share / 100,
+                             max_age=float(self.jobs.max_age), rare_every=self.safety)
 
 STATUSES = ("completed", "failed", "canceled", "expired")
-#: Where the lane cannot pay for every status each tick, a sweep lists ``completed``, and beside it
-#: a failure status last listed this long ago (clock seconds: the template's safety cadence).
-RARE_EVERY = 900.0
 PAGE_SIZE = 100
 MIN_JOBS_PER_READ = 5
 MAX_IDLE_DOUBLINGS = 4
 ROUTE_RETRY = 3_600.0
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class SweepReport:
     """What one sweep tick did: whether it ran (or why not), its reads, what it listed and handed over."""
 
@@ -154,16 +174,20 @@ BUDGET_BUSY = "read budget busy"
 LANE_OPEN = 2 * 86_400.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class SweepSettings:
-    """What a sweep reads of its function's settings."""
+    """What one sweep reads of its function's settings (:meth:`SweepFunctionSettings.sweep` builds
+    it; its defaults are the function's, for tests and the bench)."""
 
     period: float  # clock seconds between schedule ticks
-    max_pages: int = 20
-    lag: float = 60.0  # how long the list may lag a job's terminal status (clock seconds)
-    safety_margin_ms: int = 3_000
-    read_share: float = 0.1  # of each budget window, kept for list reads (the lane)
-    max_age: float = 86_400.0  # JobMaxAgeSeconds: no pending job was submitted longer ago
+    max_pages: int = MAX_PAGES
+    lag: float = LAG  # how long the list may lag a job's terminal status (clock seconds)
+    safety_margin_ms: int = SAFETY_MARGIN_MS
+    read_share: float = READ_SHARE  # of each budget window, kept for list reads (the lane)
+    max_age: float = float(default(JobSettings, "max_age"))  # no pending job was submitted longer ago
+    #: Where the lane cannot pay for every status each tick, a sweep lists ``completed``, and beside
+    #: it a failure status last listed this long ago (clock seconds: the safety cadence).
+    rare_every: float = default(DiscoverySettings, "safety")
 
 
 class Sweeps:
@@ -274,16 +298,16 @@ class Sweeper:
         """Reserve the pages each status took last time (as many as the lane grants at once), so a
         sweep starts only when it can finish: a half sweep proves nothing and wastes its reads.
         Every status where the lane sustains that each tick and has the reads free now; else
-        ``completed`` and the failure status listed longest ago if that was ``RARE_EVERY`` ago, else
-        ``completed`` alone - each from the lane, or from the reads the line leaves unspent (it spends
-        less than an evenly spent day), if free now."""
+        ``completed`` and the failure status listed longest ago if that was the safety cadence
+        (``rare_every``) ago, else ``completed`` alone - each from the lane, or from the reads the
+        line leaves unspent (it spends less than an evenly spent day), if free now."""
         def pages(statuses: tuple[str, ...]) -> int:
             wanted = sum(max(1, int(float(state.get(f"pages:{s}", 1)))) for s in statuses)
             return min(wanted, self.budget.lane_burst(self.s.read_share))
 
         due = sorted((float(state.get(f"read_at:{s}", 0)), s) for s in STATUSES[1:])
         first = STATUSES[:1]
-        rare = (*first, due[0][1]) if now >= due[0][0] + RARE_EVERY else first
+        rare = (*first, due[0][1]) if now >= due[0][0] + self.s.rare_every else first
         rich = self.budget.lane_rate(self.s.read_share) * self.tick >= pages(STATUSES)
         plans = [*([(STATUSES, Mode.LIST)] if rich else []), (rare, Mode.LIST), (rare, Mode.SPARE),
                  *([(first, Mode.LIST), (first, Mode.SPARE)] if rare != first else [])]

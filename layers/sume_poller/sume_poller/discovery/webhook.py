@@ -32,7 +32,6 @@ import hashlib
 import hmac
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..config.keys import record_key
@@ -41,6 +40,7 @@ from ..core.clock import Clock
 from ..core.jobs import InvalidJobId, canonical_terminal_status, validate_job_id
 from ..core.messages import RESULT_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.lease import LeaseStore, new_token
 from ..limits.redisconn import RedisFailure, describe
 from ..store.queue import Outgoing, PollQueue
@@ -49,7 +49,7 @@ from .coverage import CoverageStore
 from .deliveries import DeliveryStore
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class WebhookSettings(FunctionSettings):
     """The webhook function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -73,7 +73,7 @@ class WebhookSettings(FunctionSettings):
 MAX_BODY = 64_000
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Answer:
     """The webhook function's reply: an HTTP status and its JSON body."""
 

@@ -67,10 +67,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from ..core.values import value
 from .pending import PendingMailbox
 from .redisconn import lua_file, lua_script
 
@@ -149,7 +149,7 @@ def granted_per_window(limit: int, share: float = 0.0) -> float:
     return max(1, limit - lane_size(limit, share)) * MINUTE / PACE
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Grant:
     """The limiter's answer: read now (``wait == 0``), or at the slot ``wait`` seconds away
     (reserved when ``granted``), or not reserved at all (``granted`` False: the slot was
@@ -174,7 +174,7 @@ class Grant:
         return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2, day_left)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class RateInfo:
     """Sume's rate-limit headers of one reply (any may be missing)."""
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.observability import logger
+from ..core.values import value
 from .budget import BUDGET_LUA, Budget, Grant, Mode, RateInfo
 from .lease import CLAIM_LUA, ChainStep, Claim, LeaseStore, new_nonce, new_token
 from .pacer import LocalPacer
@@ -38,7 +38,7 @@ PROBE = "!probe"
 GATE = lua_script(__package__, "gate.lua", CLAIM_LUA + BUDGET_LUA)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Passage:
     """What the gate gave a message: its lease claim and its read slot."""
 

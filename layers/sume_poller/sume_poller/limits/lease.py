@@ -36,13 +36,13 @@ is not what makes the outcome exactly-once (that is the conditional write in
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
 
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
+from ..core.values import value
 from .redisconn import lua_locals, script_args
 
 #: The claim's arguments (``lease_claim``'s parameters, the claim script's ARGV).
@@ -147,7 +147,7 @@ def new_nonce() -> str:
     return secrets.token_hex(4)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class ChainStep:
     """One step of a chain: message ``(token, seq)``, processed by the delivery ``nonce``."""
 

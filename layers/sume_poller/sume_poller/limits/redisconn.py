@@ -27,7 +27,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -55,6 +54,7 @@ from redis.retry import Retry
 
 from ..config.credentials import RedisCredentials
 from ..config.settings import RedisSettings
+from ..core.values import value
 
 #: Every Redis failure a caller catches (then asks :func:`failure` which it is).
 RedisFailure = (RedisError, RedisClusterException)
@@ -135,7 +135,7 @@ class LazyCluster:
 _HEADER = re.compile(r"^-- (KEYS|ARGV)\[(\d+)\] (\w+):", re.MULTILINE)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LuaScript:
     """A Lua script of this package, from its ``.lua`` file (read once, at import). The file opens
     with its KEYS and ARGV, one line each (``-- ARGV[2] mode: ...``, as redis-py's ``lock.py``

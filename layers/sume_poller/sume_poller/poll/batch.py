@@ -25,11 +25,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any
 
 from ..core.messages import MessageError, parse_message
 from ..core.observability import MetricUnit, count_by_key, logger, metrics
+from ..core.values import value
 from ..store.queue import Outgoing, PollQueue
 from .poller import Poller
 from .step import Deadline, Outcome
@@ -40,7 +41,7 @@ WORKERS = 10
 KEY_METRICS = ("SumeReads", "SumeThrottled", "BudgetExhausted", "KeyPaused", "SumeAuthFailed", "KeyRemoved")
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class BatchReport:
     """What one batch did: the records SQS must deliver again, and every record's outcome."""
 

@@ -37,14 +37,15 @@ import json
 import math
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any, ClassVar
 
-from ..config.settings import BudgetSettings, FunctionSettings, schedule_period, setting
+from ..config.settings import BudgetSettings, FunctionSettings, safety_margin, schedule_period, setting
 from ..core.clock import Clock
 from ..core.jobs import KINDS, InvalidJobId, keyed_shard, validate_job_id
 from ..core.messages import OUTBOX_PHASE, STATUS_PHASE, PollMessage
 from ..core.observability import logger
+from ..core.values import value
 from ..creates.createqueue import DrainMessage, drain_lease
 from ..limits.budget import Budget, Mode
 from ..limits.lease import LeaseStore, new_token
@@ -53,7 +54,7 @@ from ..store.queue import SQS_BATCH, Outgoing, PollQueue
 from ..store.records import JobStore
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class FanOutSettings(FunctionSettings):
     """The fan-out function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -64,7 +65,7 @@ class FanOutSettings(FunctionSettings):
     period: float = schedule_period("FANOUT_PERIOD_MINUTES")
     #: The create queue: fan-out restarts a key's drain that died (empty: none to restart).
     create_queue_url: str = setting("CREATE_QUEUE_URL", "")
-    safety_margin_ms: int = setting("SAFETY_MARGIN_MS", 3_000, 0, 60_000)
+    safety_margin_ms: int = safety_margin()
 
 PAGE_SIZE = 100
 #: Start batches in flight on the sender thread while the next page is read and leased: the tick's
@@ -74,7 +75,7 @@ SENDS_IN_FLIGHT = 2
 OUTBOX_BACKOFF_MAX = 3_600.0
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class FanOutReport:
     """What one fan-out tick did: pages read, chains started, outbox messages sent or backing off."""
 
@@ -105,7 +106,7 @@ class FanOutReport:
         return {**asdict(self), "allowance": "unlimited" if unlimited else round(self.allowance, 1)}
 
 
-@dataclass(frozen=True)
+@value(slots=False)
 class Lane:
     """One Sume key's part of fan-out: its pending partitions, read budget and cursor."""
 
@@ -120,7 +121,7 @@ class Lane:
         return keyed_shard(shard, self.key if self.named else None)
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class Cursor:
     """Where the last tick stopped in the pending partitions, kept in Redis between ticks, and the
     oldest submission seen so far in this round of them."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..core.clock import Clock
 from ..limits.gate import ReadGate
-from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.client import JobReader, Refused, Retryable
 from .step import Deadline
 
 #: How long a "the key is fine" answer holds (clock seconds).
@@ -29,7 +29,7 @@ PAUSE_SPREAD = 30.0
 
 
 class KeyCheck:
-    def __init__(self, sume: SumeClient, clock: Clock, gate: ReadGate) -> None:
+    def __init__(self, sume: JobReader, clock: Clock, gate: ReadGate) -> None:
         self.sume = sume
         self.clock = clock
         self.gate = gate

@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.aws import AwsError
 from ..core.clock import Clock
 from ..core.jobs import PENDING
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.lease import new_token
 from ..store.events import CALL_MAX_REAL, EventBus, PublishRefused, PublishUnknown
 from ..store.records import Ending, JobStore, PublishClaim
@@ -51,7 +51,7 @@ CLAIM_SKEW_REAL = 1.0
 PUBLISH_CLAIM_MIN_REAL = 10.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Finished:
     """What finishing did (the step's outcome name) and the signals to count."""
 

@@ -41,7 +41,7 @@ sends with the batch's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from ..config.settings import (
@@ -57,13 +57,14 @@ from ..core.clock import Clock
 from ..core.jobs import PENDING, Evidence, error_delay, result_wait_delay
 from ..core.messages import OUTBOX_PHASE, RESULT_PHASE, STATUS_PHASE, Finding, PollMessage, Source
 from ..core.observability import logger
+from ..core.values import value
 from ..limits.budget import Mode
 from ..limits.gate import ReadGate
 from ..limits.lease import ChainStep, Claim, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
-from ..sume.client import Refused, Retryable, SumeClient
+from ..sume.client import JobReader, Refused, Retryable
 from ..sume.status import Oversized, Pending, Result, ResultStream, StreamTimeout
 from .cadence import Cadence
 from .holds import FenceHold, LeaseHold, NoHold
@@ -77,7 +78,7 @@ from .step import LAST_READ_WAIT, PACED_HOP, Deadline, Outcome, Run, plan
 _SLOT_WAITS = frozenset({"budget_wait", "out_of_time"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@value(kw_only=True)
 class PollSettings(SumeReaderSettings):
     """The poll function's settings, read and validated once per container
     (:mod:`sume_poller.config.settings`)."""
@@ -98,7 +99,7 @@ class PollSettings(SumeReaderSettings):
 
 
 class Poller:
-    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: SumeClient, store: JobStore,
+    def __init__(self, settings: PollSettings, *, gate: ReadGate, sume: JobReader, store: JobStore,
                  bus: EventBus, queue: PollQueue, cadence: Cadence) -> None:
         self.s = settings
         self.clock: Clock = settings.common.clock
@@ -435,7 +436,9 @@ class Poller:
             delay = min(delay, PACED_HOP)
         if signal:
             run.signal(signal)
-        if not run.hold.rest(nxt, due, self.clock.to_real(delay) + self.s.lease.margin):
+        # The lease outlasts the delay SQS applies (whole real seconds, rounded up), not the clock's
+        # delay: a sub-second delay is sent as one second, and the margin is for queueing lag alone.
+        if not run.hold.rest(nxt, due, self.queue.real_delay(delay) + self.s.lease.margin):
             logger.warning("lease lost before re-queue; another chain owns the job")
             return run.outcome("lease_lost")
         self._step("rested", run.chain.job_id)

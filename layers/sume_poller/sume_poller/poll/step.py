@@ -8,11 +8,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from ..core.clock import Clock
 from ..core.messages import RESULT_PHASE, Finding, PollMessage
+from ..core.values import value
 from ..limits.budget import Mode
 from ..store.queue import Outgoing
 from .holds import Hold
@@ -31,7 +32,7 @@ PACED_HOP = 30.0
 LAST_READ_WAIT = 300.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StepPlan:
     """What a step asks of the gate."""
 
@@ -94,7 +95,7 @@ class Deadline:
         return self.left() - MIN_READ_REAL - AFTER_READ_REAL
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outcome:
     """What one message did. ``send`` is the chain's next message, for the batch to send;
     ``undo`` frees the lease if that send fails (so SQS's redelivery can take over)."""
@@ -115,7 +116,7 @@ class Outcome:
         return self.status_reads + self.result_reads
 
 
-@dataclass
+@value(frozen=False, slots=False)
 class Run:
     """One step as it runs: the chain so far (updated as Sume answers), what holds the job, the
     invocation's deadline, and the tally the outcome reports."""

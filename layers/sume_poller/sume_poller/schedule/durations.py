@@ -16,10 +16,15 @@ a bounded number of iterations (a few ms for 200 intervals).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from statistics import NormalDist
+from typing import TYPE_CHECKING
+
+from ..core.values import value
+
+if TYPE_CHECKING:
+    from statistics import NormalDist
 
 #: Below this many completed observations (finite ``upper``) a kind keeps the static schedule.
 MIN_OBSERVATIONS = 30
@@ -32,7 +37,6 @@ MAX_ITERATIONS = 60
 
 _SQRT2 = math.sqrt(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
-_STD = NormalDist()
 #: Intervals narrower than this (relative) are exact observations: the density, not a probability.
 _EXACT = 1e-9
 
@@ -70,12 +74,21 @@ def _log_mass(a: float, b: float) -> float:
     return la + _log1mexp(lb - la)
 
 
+@functools.cache
+def _standard_normal() -> NormalDist:
+    """statistics' standard normal, imported at the first learned plan: statistics (and the fractions
+    it imports) would cost every poll and submit cold start about 1 ms of CPU."""
+    from statistics import NormalDist
+
+    return NormalDist()
+
+
 def normal_quantile(p: float) -> float:
     """The standard normal quantile (Wichura's AS241 rational approximation, via statistics)."""
-    return _STD.inv_cdf(p)
+    return _standard_normal().inv_cdf(p)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Interval:
     """A job finished after ``lower`` seconds and at or before ``upper`` (``math.inf``: censored)."""
 
@@ -84,7 +97,7 @@ class Interval:
     weight: float = 1.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LogNormal:
     """Completion time T with log T ~ Normal(mu, sigma) (seconds).
 

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.observability import logger
+from ..core.values import value
 from .durations import LogNormal, bracketed, completed, intervals_from, model_from, summary
 
 REFRESH = 300.0
 HALF_LIFE = 7 * 86_400.0
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Fitted:
     """A kind's learned duration model, the observations behind it and when it was fitted."""
 

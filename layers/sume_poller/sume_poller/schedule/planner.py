@@ -47,9 +47,9 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ..core.jobs import LONG_KINDS, jittered
+from ..core.values import value
 from .durations import LogNormal
 
 #: Static schedules (seconds between reads, indexed by attempt; the last value repeats).
@@ -148,7 +148,7 @@ def _static_expected(kind: str | None) -> float:
 
 # -- bounds ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@value
 class Bounds:
     """Limits on the interval between reads (seconds).
 
@@ -174,7 +174,7 @@ class Bounds:
 
 # -- expected costs of a read-age sequence ----------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@value
 class Metrics:
     """What a read schedule costs on a model: expected reads, mean detection delay (s), and the
     share of jobs found later than ``late_ratio`` times their duration."""
@@ -262,7 +262,7 @@ def static_metrics(model: LogNormal, kind: str | None, q: float = 0.95,
 
 # -- the learned plan -------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@value
 class LearnedPlan:
     """The learned read schedule of one model: a DP over ``ages`` (see the module docstring).
 

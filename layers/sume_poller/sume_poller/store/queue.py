@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ..core.aws import client
 from ..core.clock import Clock
+from ..core.values import value
 
 #: SQS rejects DelaySeconds above this.
 SQS_MAX_DELAY_REAL = 900
 SQS_BATCH = 10
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outgoing:
     """One message to send: ``key`` identifies it in the reply (unique within one call)."""
 

@@ -60,7 +60,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -69,6 +69,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from ..config.settings import RESULT_UPLOAD_STREAMS
 from ..core.aws import AwsError, client, error_code
 from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_shard, shard_of
+from ..core.values import value
 from .submissions import QUEUED, UNKNOWN_CREATES, queue_shard, submission_id
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
@@ -127,7 +128,7 @@ def from_item(item: dict[str, Any]) -> dict[str, Any]:
     return {k: plain(_deserializer.deserialize(v)) for k, v in item.items()}
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TerminalWrite:
     """The conditional terminal write's outcome: whether this chain won it, and the record."""
 
@@ -138,7 +139,7 @@ class TerminalWrite:
     took_over: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class PublishClaim:
     """The right to publish one job's terminal event: ``token`` holds it until ``until`` (clock seconds)."""
 
@@ -146,7 +147,7 @@ class PublishClaim:
     until: float
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Ending:
     """What the terminal write records."""
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ..core.values import value
 from ..limits.budget import RateInfo
 from .client import _NO_RATE, Refused, Retryable
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Created:
     """Sume created the job (or replayed the original one for a repeated Idempotency-Key)."""
 

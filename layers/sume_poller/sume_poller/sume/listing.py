@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
+from ..core.values import value
 from ..limits.budget import RateInfo
 from .client import _NO_RATE, Refused, Retryable
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Listing:
     """One page of Sume's list route: its jobs and the cursor to the next page."""
 

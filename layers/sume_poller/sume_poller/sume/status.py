@@ -6,17 +6,18 @@ shared :class:`~.client.Retryable` and :class:`~.client.Refused` (see :mod:`.cli
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from ..core.jobs import State, canonical_terminal_status, classify_status
+from ..core.values import value
 from ..limits.budget import RateInfo
 from .client import _NO_RATE, Refused, Retryable, _number
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Pending:
     """The job is not terminal yet: its status and Sume's hint for the next read."""
 
@@ -27,7 +28,7 @@ class Pending:
     rate: RateInfo = _NO_RATE
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Terminal:
     """The job is terminal: its canonical status, Sume's own word, whether its result is ready."""
 
@@ -43,7 +44,7 @@ class Terminal:
     gated: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Result:
     """A terminal job's result, read inline."""
 
@@ -111,7 +112,7 @@ class ResultStream:
         self._response.release_conn()
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Oversized:
     """A result whose ``Content-Length`` passes the client's maximum: nothing was read."""
 

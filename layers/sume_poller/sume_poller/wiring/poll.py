@@ -19,7 +19,7 @@ from ..schedule.models import ModelCache
 from ..store.events import EventBus
 from ..store.queue import PollQueue
 from ..store.records import JobStore, ResultBucket
-from ..sume.client import Refused
+from ..sume.client import JobReader, Refused
 from . import once
 from .shared import checked, key_client, read_gate, reader_ring, reads_budget, redis_check, redis_client
 
@@ -34,10 +34,10 @@ class RemovedKey:
         self.refusal = Refused("removed", 0, "key_removed", f"the key {key_id!r} was removed from the key "
                                "configuration while the job was pending: Sume was not asked again")
 
-    def get_status(self, job_id: str, budget: float | None = None) -> Refused:
+    def get_status(self, job_id: str, timeout: float | None = None) -> Refused:
         return self.refusal
 
-    def get_result(self, job_id: str, budget: float | None = None, **_: Any) -> Refused:
+    def get_result(self, job_id: str, timeout: float | None = None, **_: Any) -> Refused:
         return self.refusal
 
     def list_jobs(self, **_: Any) -> Refused:
@@ -56,7 +56,7 @@ def parts() -> tuple[BatchRunner, ColdStartCheck]:
     bus, models = EventBus(s.event_bus_name), ModelCache(store, clock.now)
     result_max = s.result_max_megabytes * 1_000_000
 
-    def poller(budget: Budget, sume: Any, scope: str) -> Poller:
+    def poller(budget: Budget, sume: JobReader, scope: str) -> Poller:
         gate = read_gate(lease, budget, s.redis, s.budget, s.common)
         cadence = Cadence(s, models=models, rate=budget.rate,
                           coverage=CoverageView(CoverageStore(client, scope), clock.now))

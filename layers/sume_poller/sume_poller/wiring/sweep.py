@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config.keys import KeyRing, PerKey, SumeKey
 from ..discovery.coverage import CoverageStore
-from ..discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps, SweepSettings
+from ..discovery.sweep import Sweeper, SweepFunctionSettings, Sweeps
 from ..limits.lease import LeaseStore
 from ..limits.redisconn import ColdStartCheck
 from ..store.queue import PollQueue
@@ -40,7 +40,5 @@ def sweeper(remaining_ms: Callable[[], int]) -> Sweeps:
     """Every key's sweep for this invocation (each key's parts are built once per container)."""
     s, ring, keys, check = parts()
     checked(check)
-    settings = SweepSettings(s.period, s.max_pages, s.lag, s.safety_margin_ms, s.read_share / 100,
-                             max_age=float(s.jobs.max_age))
-    return Sweeps([Sweeper(settings, s.common.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
+    return Sweeps([Sweeper(s.sweep(), s.common.clock, remaining_ms=remaining_ms, handover_ttl_real=s.lease.claim_ttl,
                            margin_real=s.lease.margin, **keys(key.id)) for key in ring.all()])

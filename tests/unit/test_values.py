@@ -1,0 +1,144 @@
+"""core.values.value makes the class a frozen (or mutable) dataclass would be, without compiling its
+methods: each behaviour is checked against the same class made by ``dataclasses.dataclass``."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable
+from dataclasses import FrozenInstanceError, dataclass, field
+from typing import Any
+
+import pytest
+
+from sume_poller.core.values import value
+
+
+def _pair(**options: Any) -> tuple[type, type]:
+    """One class body, made by ``value`` and by ``dataclass`` with the same options."""
+
+    def body() -> type:
+        class Point:
+            """A point."""
+
+            x: int
+            y: str = "a"
+            tags: tuple[str, ...] = field(default_factory=tuple)
+            note: Any = field(default=None, repr=False, compare=False)
+            later: int = field(default=7, init=False)
+
+        return Point
+
+    frozen = options.get("frozen", True)
+    made = {"frozen": frozen, "slots": options.get("slots", True), "kw_only": options.get("kw_only", False)}
+    return value(**made)(body()), dataclass(**made)(body())
+
+
+MODES = [{}, {"slots": False}, {"kw_only": True}, {"frozen": False, "slots": False}, {"frozen": False}]
+
+
+def _build(cls: type, kw_only: bool, *args: Any, **kwargs: Any) -> Any:
+    if kw_only:
+        names = ["x", "y", "tags", "note"][: len(args)]
+        return cls(**dict(zip(names, args, strict=True)), **kwargs)
+    return cls(*args, **kwargs)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=str)
+def test_a_value_behaves_as_the_dataclass_of_the_same_body(mode: dict[str, Any]) -> None:
+    ours, theirs = _pair(**mode)
+    kw = mode.get("kw_only", False)
+    for args, kwargs in [((1,), {}), ((2, "b"), {"note": "a note"}), ((3, "c", ("t",)), {})]:
+        a, b = _build(ours, kw, *args, **kwargs), _build(theirs, kw, *args, **kwargs)
+        assert repr(a) == repr(b)
+        assert dataclasses.asdict(a) == dataclasses.asdict(b)
+        assert [f.name for f in dataclasses.fields(a)] == [f.name for f in dataclasses.fields(b)]
+        assert a.later == b.later == 7
+        twin = _build(ours, kw, *args, **kwargs)
+        assert a == twin and (a != twin) is False and a is not twin
+        assert (a == _build(ours, kw, 99)) is False
+        assert a.__eq__(b) is NotImplemented  # another class, as the generated __eq__
+        if mode.get("frozen", True):
+            assert hash(a) == hash(b)
+            for f in ("x", "later", "other"):
+                with pytest.raises(FrozenInstanceError, match=f"cannot assign to field '{f}'"):
+                    setattr(a, f, 1)
+            with pytest.raises(FrozenInstanceError, match="cannot delete field 'x'"):
+                del a.x
+            assert copy.deepcopy(a) == a and copy.copy(a) == a  # a frozen slotted class's state, set back
+        else:
+            assert ours.__hash__ is theirs.__hash__ is None
+            a.x = 5
+            assert a.x == 5
+        changed = dataclasses.replace(a, y="z")
+        assert changed.y == "z" and changed.x == a.x and type(changed) is ours
+    assert ours.__match_args__ == theirs.__match_args__
+    assert ("__slots__" in ours.__dict__) == ("__slots__" in theirs.__dict__)
+
+
+def test_defaults_are_fresh_and_post_init_runs() -> None:
+    @value
+    class Bag:
+        """A bag."""
+
+        items: list[int] = field(default_factory=list)
+        total: int = field(default=0, init=False)
+
+        def __post_init__(self) -> None:
+            object.__setattr__(self, "total", sum(self.items))
+
+    one, two = Bag(), Bag([1, 2])
+    assert one.items == [] and one.items is not Bag().items
+    assert (one.total, two.total) == (0, 3)
+
+
+@pytest.mark.parametrize("call", [lambda c: c(), lambda c: c(1, "a", [], None, 5), lambda c: c(1, x=2),
+                                  lambda c: c(1, later=2), lambda c: c(1, nope=2)])
+def test_a_wrong_call_is_a_type_error_as_with_a_dataclass(call: Callable[[type], Any]) -> None:
+    ours, theirs = _pair()
+    for cls in (ours, theirs):
+        with pytest.raises(TypeError):
+            call(cls)
+
+
+def test_a_subclass_adds_its_fields_after_the_bases() -> None:
+    @value(kw_only=True)
+    class Base:
+        """A base."""
+
+        a: int
+        b: int = 2
+
+    @value(kw_only=True)
+    class Child(Base):
+        """A child."""
+
+        c: int
+
+    child = Child(a=1, c=3)
+    assert repr(child) == "test_a_subclass_adds_its_fields_after_the_bases.<locals>.Child(a=1, b=2, c=3)"
+    assert child != Base(a=1) and hash(child) == hash((1, 2, 3))
+    with pytest.raises(FrozenInstanceError):
+        child.a = 5  # type: ignore[misc]
+
+
+def test_explicit_methods_are_kept_and_frozen_ones_refused() -> None:
+    @value
+    class Named:
+        """Its own repr."""
+
+        name: str
+
+        def __repr__(self) -> str:
+            return f"<{self.name}>"
+
+    assert repr(Named("n")) == "<n>"
+    with pytest.raises(TypeError, match="Cannot overwrite attribute __setattr__"):
+        @value
+        class Bad:
+            """Sets its own attributes."""
+
+            x: int
+
+            def __setattr__(self, name: str, val: Any) -> None:
+                pass
