@@ -98,7 +98,7 @@ class Cadence:
 
     def late(self, kind: str, now: float) -> LatePlan | None:
         """The kind's late plan, where verified deliveries arrive for it (None: no webhooks, none lately,
-        or too few deliveries to plan on)."""
+        or none yet for this kind: a kind with a few has a learning plan)."""
         return self.deliveries.get(kind) if self.deliveries is not None and self._arriving(kind, now) else None
 
     def _spread(self, chains: float, share: float) -> float:
