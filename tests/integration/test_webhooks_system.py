@@ -75,8 +75,9 @@ def stack(module_stack: tuple[InProcessStack, Receiver]) -> Iterator[InProcessSt
 
 
 def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack: InProcessStack) -> None:
-    """Once deliveries arrive, video chains read at the safety cadence (600 clock s) and a
-    delivery triggers the read that finds the job done; a lost one is caught by the cadence."""
+    """Once deliveries arrive, video chains read late (a kind with a few deliveries: from 5 minutes
+    past the youngest one, 5 minutes apart) and a delivery triggers the read that finds the job
+    done; a lost one is caught by the late reads."""
     stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.3, "duplicate": 0.2},
                         list={"route": "missing"})
     warm_up = submit(stack, 2, {"duration": 60, "hints": False, "steps": 1}, kind="video")
@@ -92,9 +93,13 @@ def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack:
     assert by["webhook"] > 0, by
     assert stack.sim.stats()["webhooks"]["lost"] > 0, stack.sim.stats()["webhooks"]
     jobs = stack.sim.stats()["jobs"]
-    assert all(jobs[j]["result_reads"] == 1 for j in ids)
+    assert all(jobs[j]["result_reads"] >= 1 for j in ids)  # every result fetched (a late chain probes that route)
     status_reads = sum(jobs[j]["status_reads"] for j in ids) / len(ids)
     assert status_reads <= 6, f"{status_reads:.1f} status reads per job: chains did not stretch"
+    # The kind learns from the warm-up's two deliveries: its chains read late, on the result route
+    # (about 1.9 reads a job here; 2.6 when a learning kind read its status every LOST_WITHIN).
+    reads = sum(jobs[j]["status_reads"] + jobs[j]["result_reads"] for j in ids) / len(ids)
+    assert reads <= 2.4, f"{reads:.2f} reads per job: the learning kind's chains did not read late"
 
 
 def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStack) -> None:

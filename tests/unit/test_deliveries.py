@@ -54,11 +54,24 @@ def test_reads_after_the_first_come_a_gap_apart_up_to_the_tail_then_space_out() 
     assert plan.probes(plan.tail + 1) and not plan.probes(plan.tail + LOST_WITHIN)  # a read due at the tail, late
 
 
-def test_a_kind_with_too_few_deliveries_has_no_plan() -> None:
+def test_a_kind_with_too_few_deliveries_learns_a_gap_after_its_youngest_delivery_and_one_with_none_has_no_plan(
+) -> None:
     rng = random.Random(1)
-    got = plans({"image": lognormal(20, 0.4, MIN_SAMPLE - 1, rng), "video": lognormal(360, 0.6, MIN_SAMPLE, rng)},
-                {}, loss=0.3)
-    assert set(got) == {"video"}
+    few = lognormal(360, 0.6, MIN_SAMPLE - 1, rng)
+    got = plans({"ad_video": [], "image": lognormal(20, 0.4, MIN_SAMPLE, rng), "video": few}, {}, loss=0.3)
+    assert set(got) == {"image", "video"} and not got["image"].learning
+    learning = got["video"]
+    assert learning == LatePlan(min(few) + LOST_WITHIN, max(few), LOST_WITHIN, learning=True)
+    # A lost job that finished at the youngest age seen or later is read within LOST_WITHIN of it,
+    # past the tail too (reads stay a gap apart while the kind learns), the reads up to the tail
+    # asking the result route and the later ones the status.
+    for done in (min(few), max(few), 5 * max(few)):
+        age = learning.first
+        while age < done:
+            age = learning.next_age(age)
+        assert age - done <= LOST_WITHIN + 1e-6
+    assert learning.next_age(0.0) == learning.first
+    assert learning.probes(learning.tail) and not learning.probes(learning.tail + LOST_WITHIN)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -171,10 +184,18 @@ def test_a_webhook_kind_reads_late_by_its_plan_and_at_the_safety_cadence_while_i
     assert not cadence.probes(message(clock, kind="image"), clock.now())  # no webhooks for images
     clock.advance(1_200)  # past the tail: status reads, spaced out
     assert not cadence.probes(running, clock.now())
-    learning = hooked(clock, {})  # too few deliveries to plan on: a read every LOST_WITHIN, status reads
+    learning = hooked(clock, {})  # no delivery age yet to plan on: a read every LOST_WITHIN, status reads
     assert learning.adjust(message(clock), clock.now()).due_at == clock.now() + LOST_WITHIN
     assert learning.next_read(message(clock, reads=1), clock.now(), None)[0] == clock.now() + LOST_WITHIN
     assert not learning.probes(message(clock, reads=1), clock.now())
+    few = hooked(clock, {"video": LatePlan(first=450.0, tail=600.0, learning=True)})  # a few ages: late reads
+    assert few.adjust(message(clock), clock.now()).due_at == clock.now() + 450
+    young = message(clock, reads=1)
+    clock.advance(460)
+    assert few.probes(young, clock.now()) and few.next_read(young, clock.now(), None)[0] == young.submitted_at + 750
+    clock.advance(600)  # past the few ages' tail: status reads, still a gap apart
+    assert not few.probes(young, clock.now())
+    assert few.next_read(young, clock.now(), None)[0] == young.submitted_at + 1_350
     lapsed = hooked(clock, {"video": plan}, arriving=False)  # no delivery lately: the normal schedule
     msg = message(clock)
     assert lapsed.adjust(msg, clock.now()) == msg and not lapsed.probes(msg, clock.now())

@@ -21,9 +21,15 @@ Sume's word that the job completed (one read for a lost delivery, not a status r
 read); any other answer leaves the job to its next read. Past that (a failed job whose delivery
 was lost answers the result route as a running one does) the reads are status reads.
 
-Below ``MIN_SAMPLE`` ages a kind has no plan: while deliveries arrive, its chains read every
-``LOST_WITHIN`` seconds (status reads; :mod:`sume_poller.poll.cadence`). Containers read the lists
-through :class:`DeliveryView`, cached for ``DELIVERY_VIEW_TTL`` clock seconds.
+Below ``MIN_SAMPLE`` ages a kind's plan is a learning one (``learning``): too few ages to price a
+first read on, so its first read comes ``LOST_WITHIN`` after the youngest age a delivery came at
+(a lost job that finished at that age or later is read within ``LOST_WITHIN`` of finishing; a
+kind's first deliveries come from its fastest jobs, so that age is low), then every ``LOST_WITHIN``
+for as long as the job runs; reads up to the oldest age seen so far (and half a gap past it) ask the
+result route, the later ones the status. A kind with no delivery age yet has no plan: while
+deliveries arrive, its chains read every ``LOST_WITHIN`` seconds (status reads;
+:mod:`sume_poller.poll.cadence`). Containers read the lists through :class:`DeliveryView`, cached
+for ``DELIVERY_VIEW_TTL`` clock seconds.
 """
 
 from __future__ import annotations
@@ -57,12 +63,14 @@ class LatePlan:
     first: float  # the age of a chain's first read
     tail: float  # the largest age a delivery came at: reads past it are status reads, spaced out
     gap: float = LOST_WITHIN
+    #: Too few ages to plan on (below ``MIN_SAMPLE``): past the tail, reads stay a gap apart.
+    learning: bool = False
 
     def next_age(self, age: float) -> float:
         """The age of the read after one at ``age`` (or of the first, before it)."""
         if age < self.first:
             return self.first
-        if age < self.tail:
+        if age < self.tail or self.learning:
             return self.first + (math.floor((age - self.first) / self.gap + 1e-6) + 1) * self.gap
         return age + max(self.gap, age / 2)
 
@@ -100,8 +108,11 @@ def _choices(ages: list[float], gap: float) -> list[_Choice]:
 
 def plans(samples: dict[str, list[float]], weights: dict[str, float], loss: float,
           gap: float = LOST_WITHIN, share: float = LOST_LATE_SHARE) -> dict[str, LatePlan]:
-    """Each kind's plan from its delivery ages (kinds with fewer than ``MIN_SAMPLE``: none)."""
+    """Each kind's plan from its delivery ages (kinds with fewer than ``MIN_SAMPLE``: a learning
+    plan, a gap after the youngest age; with none: no plan)."""
     ages = {k: sorted(v) for k, v in samples.items() if len(v) >= MIN_SAMPLE}
+    learning = {k: LatePlan(min(v) + gap, max(v), gap, learning=True)
+                for k, v in samples.items() if 0 < len(v) < MIN_SAMPLE}
     choices = {k: _choices(v, gap) for k, v in ages.items()}
     total = sum(weights.get(k, 1.0) for k in ages) or 1.0
     allowed = share / max(loss, MIN_LOSS)
@@ -118,7 +129,7 @@ def plans(samples: dict[str, list[float]], weights: dict[str, float], loss: floa
             mid = (lo + hi) / 2
             lo, hi = (lo, mid) if late(pick(mid)) <= allowed else (mid, hi)
         lo = hi
-    return {k: LatePlan(c.first, ages[k][-1], gap) for k, c in pick(lo).items()}
+    return {**learning, **{k: LatePlan(c.first, ages[k][-1], gap) for k, c in pick(lo).items()}}
 
 
 class DeliveryStore:

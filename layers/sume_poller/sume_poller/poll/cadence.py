@@ -11,8 +11,8 @@ discovery covers the job's kind, and how far away a read slot a step will accept
   reads and canaries' space out further, so that each group takes at most its share of the budget
   (``STRETCHED_SHARE``, ``CANARY_SHARE``); where verified webhooks arrive for the kind, its plan's
   late reads instead (:mod:`sume_poller.discovery.deliveries`: after the job is likely done and delivered,
-  ``LOST_WITHIN`` apart; ``LOST_WITHIN`` too until enough deliveries came to plan on), the normal
-  time kept the same way;
+  ``LOST_WITHIN`` apart; while the kind learns, from ``LOST_WITHIN`` past the youngest delivery seen,
+  and ``LOST_WITHIN`` from submission until its first delivery came), the normal time kept the same way;
 * :meth:`Cadence.adjust` - a message as it comes back: a stretched step whose cover lapsed is
   due at its normal time; a chain's first read of a covered kind waits for the safety cadence (or
   the late plan's first read) too (hand-overs of sweeps and webhooks read at once);
@@ -98,7 +98,7 @@ class Cadence:
 
     def late(self, kind: str, now: float) -> LatePlan | None:
         """The kind's late plan, where verified deliveries arrive for it (None: no webhooks, none lately,
-        or too few deliveries to plan on)."""
+        or none yet for this kind: a kind with a few has a learning plan)."""
         return self.deliveries.get(kind) if self.deliveries is not None and self._arriving(kind, now) else None
 
     def _spread(self, chains: float, share: float) -> float:
@@ -108,8 +108,8 @@ class Cadence:
 
     def stretched_gap(self, kind: str, now: float) -> float:
         """How far a stretched chain's reads are apart: where sweeps cover the kind, the safety cadence,
-        further apart where many are pending; ``LOST_WITHIN`` while deliveries arrive for it but too few
-        to plan on (a lost one found as soon)."""
+        further apart where many are pending; ``LOST_WITHIN`` while deliveries arrive but none yet for
+        the kind to plan on (a lost one found as soon)."""
         d = self.s.discovery
         swept = self.coverage is not None and d.sweeps and self.coverage.get().stretches(kind, now)
         return max(d.safety, self._spread(self.pending or 0, STRETCHED_SHARE)) if swept else min(LOST_WITHIN, d.safety)
@@ -160,7 +160,7 @@ class Cadence:
 
     def stretches(self, kind: str, job_id: str, now: float) -> bool:
         """To the safety cadence: sweeps proved they see the kind (canaries excepted: they measure that),
-        or deliveries arrive for it but too few yet to plan late reads on (:meth:`late`)."""
+        or deliveries arrive but none yet for this kind to plan late reads on (:meth:`late`)."""
         if self.coverage is None:
             return False
         if self.s.discovery.sweeps and not is_canary(job_id) and self.coverage.get().stretches(kind, now):
