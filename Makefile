@@ -122,7 +122,7 @@ test-unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -m "not integration and not e2e"
 
 test-integration: $(VENV)/.installed redis
-	$(PY) -m pytest tests/integration -m integration -n 4 --dist loadfile
+	$(PY) -m pytest tests/integration -m integration -n 6 --dist loadfile
 
 test-e2e: setup
 	$(PY) -m pytest tests/e2e -m e2e

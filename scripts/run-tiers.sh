@@ -25,7 +25,7 @@ start_tier() {  # start_tier TIER [CHAIN]
   case "$tier" in
     lint|build|docs) cmd=(make --no-print-directory "$tier") ;;
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
-    integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 4 --dist loadfile --durations=8) ;;
+    integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 6 --dist loadfile --durations=8) ;;
     e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e) ;;
     simulation)  cmd=(env PYTHONPATH=layers/sume_poller "$PY" -m tests.sim --schedules 1000 --quiet) ;;
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
