@@ -55,15 +55,6 @@ def grants_per_window(times: list[float], window: float) -> Counter[int]:
     return Counter(int(t // window) for t in times)
 
 
-def most_in_a_minute(times: list[float]) -> int:
-    """The most of ``times`` in any 60 s, ``(t - 60, t]``: what a sliding minute counts (and more
-    than any fixed minute does)."""
-    ordered, most, first = sorted(times), 0, 0
-    for last, t in enumerate(ordered):
-        while ordered[first] <= t - 60:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def most_in_a_window(times: list[float], span: float) -> int:
