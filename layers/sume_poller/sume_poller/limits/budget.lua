@@ -96,19 +96,27 @@ local function log_room(log, at, n, limit)
   return at
 end
 
--- The log with n reads at `now`, in its place (another container's clock may be a little behind);
--- buckets no read from now on counts are dropped.
+-- The log with n reads at `now`, or in its newest bucket where that is later - a take Redis runs
+-- after another happens after it, though its caller's clock was a little behind or its command was
+-- held up on the way: no read then leaves the log before one Redis granted earlier, and what a
+-- later take prunes is never what an earlier-stamped one still had to count. Buckets no read from
+-- then on counts are dropped. Returns the text and the time (ms) the reads are counted at.
 local function log_text(log, now, n)
-  local bucket, parts, added = math.floor(now / BUCKET_MS), {}, false
-  for _, entry in ipairs(log) do
-    if not added and entry[1] >= bucket then
-      if entry[1] == bucket then entry[2] = entry[2] + n else parts[#parts + 1] = bucket .. ':' .. n end
-      added = true
-    end
-    if (entry[1] + 1) * BUCKET_MS > now - SLIDE_MS then parts[#parts + 1] = entry[1] .. ':' .. entry[2] end
+  local bucket = math.floor(now / BUCKET_MS)
+  if #log > 0 and log[#log][1] > bucket then
+    bucket = log[#log][1]
+    now = bucket * BUCKET_MS
   end
-  if not added then parts[#parts + 1] = bucket .. ':' .. n end
-  return table.concat(parts, ',')
+  local parts = {}
+  for _, entry in ipairs(log) do
+    if entry[1] == bucket then
+      n = n + entry[2]
+    elseif (entry[1] + 1) * BUCKET_MS > now - SLIDE_MS then
+      parts[#parts + 1] = entry[1] .. ':' .. entry[2]
+    end
+  end
+  parts[#parts + 1] = bucket .. ':' .. n
+  return table.concat(parts, ','), now
 end
 
 -- the lane's: at most lane_size of a window (a minute, a day), a sweep's pages in a burst
@@ -181,23 +189,33 @@ local function budget_state(key, lane_key, now, max_wait, early, cfg_m, cfg_d, s
 end
 
 -- When a read at the slot `at` may happen: a slot within `early` is now, unless the read log's span
--- holds the limit already - then at the log's room (nil: never, more reads at once than the limit).
+-- holds the limit already - then at the log's room, and never within `early` of now, which would
+-- read now (early is the line's tolerance: the log has none, a compressed clock's early being clock
+-- seconds); nil: never, more reads at once than the limit.
 local function settle(c, at)
   if at - c.now > c.early or c.m_limit <= 0 then return at end
   local room = log_room(c.log, c.now, c.count, c.log_limit)
-  return room and math.max(at, room)
+  if room == nil or room <= c.now then return room and math.max(at, room) end
+  return math.max(at, room, c.now + c.early + 1)
 end
 
 -- The reply: {granted 0|1, wait ms, pending (-1: not counted), 0 granted | 1 not | 2 key paused,
--- what the day has left beyond its reserve (-1: no day limit)}. A slot within `early` is now.
+-- what the day has left beyond its reserve (-1: no day limit), the time (ms) the read log counts a
+-- read granted now at (-1: none; no minute limit: now)}. A slot within `early` is now.
 local function answer(c, granted, wait)
+  local logged = -1
+  wait = math.ceil(wait)  -- whole ms, as the reply carries it: a wait Redis would cut to 0 is not now
   if granted == 1 and wait <= c.early then
-    wait = 0  -- read now: in the read log, and one read less left in Sume's window
-    if c.m_limit > 0 then redis.call('HSET', c.key, 'read_log', log_text(c.log, c.now, c.count)) end
+    wait, logged = 0, c.now  -- read now: in the read log, and one read less left in Sume's window
+    if c.m_limit > 0 then
+      local text
+      text, logged = log_text(c.log, c.now, c.count)
+      redis.call('HSET', c.key, 'read_log', text)
+    end
     if c.sume_left ~= nil and c.now < c.sume_reset then redis.call('HSET', c.key, 'sume_left', c.sume_left - 1) end
   end
   if granted == 1 then redis.call('PEXPIRE', c.key, KEEP) end
-  return {granted, wait, c.pending, c.key_paused and 2 or (granted == 1 and 0 or 1), c.day_left}
+  return {granted, wait, c.pending, c.key_paused and 2 or (granted == 1 and 0 or 1), c.day_left, logged}
 end
 
 -- The next slot of a line for `count` reads - the chains' and results' (the minute's pace, then the

@@ -11,7 +11,9 @@ replies say. The rules:
   the 60 s before each request (its contract does not say): every read granted *now* goes into a
   *read log* (counts per 0.25 s of the clock over the last :data:`SLIDE`, 61 s: a second for a
   read to reach Sume after its grant), and a read is granted now only where the log's span then
-  holds at most ``L`` - else it waits for the log's room (a reserved read comes back then). This is
+  holds at most ``L`` - else it waits for the log's room (a reserved read comes back then; the
+  line's ``early`` tolerance never applies to the log). A take Redis runs after another is counted
+  no earlier than it, though its caller's clock was behind (:attr:`Grant.logged_at`). This is
   the guarantee; every rule below only decides who reads when, and none can pass it;
 * **the minute is a pace** (GCRA, the generic cell rate algorithm, with reservations): a request
   gets the earliest *slot* the line allows; one that cannot read now learns its slot and re-queues
@@ -162,6 +164,9 @@ class Grant:
     key_paused: bool = False
     #: Reads the day window still grants over the next day (None: no day limit or not told).
     day_left: int | None = None
+    #: A read granted now: the limiter's clock time its read log counts it at (clock seconds) - the
+    #: caller's ``now``, or the log's newest bucket where Redis granted a later-stamped read first.
+    logged_at: float | None = None
 
     @property
     def now(self) -> bool:
@@ -171,7 +176,9 @@ class Grant:
     def from_reply(cls, reply: list[Any]) -> Grant:
         granted, wait_ms, pending, reason = (int(x) for x in reply[:4])
         day_left = int(reply[4]) if len(reply) > 4 and int(reply[4]) >= 0 else None
-        return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2, day_left)
+        logged_at = int(reply[5]) / 1000 if len(reply) > 5 and int(reply[5]) >= 0 else None
+        return cls(bool(granted), max(0.0, wait_ms / 1000), None if pending < 0 else pending, reason == 2, day_left,
+                   logged_at)
 
 
 @value

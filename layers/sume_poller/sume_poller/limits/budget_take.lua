@@ -11,6 +11,7 @@
 -- ARGV[8] count: slots taken at once (a sweep's pages)
 -- ARGV[9] every_ms: the day reserve's safety cadence per pending job (0: the floor alone; -1: no reserve)
 -- Returns {granted 0|1, wait ms, pending jobs (-1: not counted), 0 granted | 1 not | 2 key paused,
--- what the day has left beyond its reserve (-1: no day limit)}.
+-- what the day has left beyond its reserve (-1: no day limit), the time (ms) the read log counts a read
+-- granted now at (-1: none)}.
 return budget_take(KEYS[1], KEYS[2], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms), per_minute,
                    per_day, tonumber(slot_ms), tonumber(count), tonumber(every_ms))
