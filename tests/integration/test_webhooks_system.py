@@ -16,9 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import redis
 from invariants import check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, found_by, run, submit
 
+from sume_poller.discovery.deliveries import LOST_WITHIN, DeliveryStore
 from tools.services import MotoServer, free_port
 from tools.stack.inprocess import InProcessStack
 
@@ -94,12 +96,25 @@ def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack:
     assert stack.sim.stats()["webhooks"]["lost"] > 0, stack.sim.stats()["webhooks"]
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] >= 1 for j in ids)  # every result fetched (a late chain probes that route)
-    status_reads = sum(jobs[j]["status_reads"] for j in ids) / len(ids)
-    assert status_reads <= 6, f"{status_reads:.1f} status reads per job: chains did not stretch"
-    # The kind learns from the warm-up's two deliveries: its chains read late, on the result route
-    # (about 1.9 reads a job here; 2.6 when a learning kind read its status every LOST_WITHIN).
-    reads = sum(jobs[j]["status_reads"] + jobs[j]["result_reads"] for j in ids) / len(ids)
-    assert reads <= 2.4, f"{reads:.2f} reads per job: the learning kind's chains did not read late"
+    # Chains of a webhook kind read late, whatever the machine's speed (a slower one only reads later):
+    # the warm-up's two deliveries taught the kind a learning plan (its first read LOST_WITHIN past
+    # the youngest delivery age), and no job was read, on either route, before the earlier of its
+    # own finish (its delivery, the first thing that triggers a read) and that plan's first read -
+    # where a chain of a kind without deliveries reads within seconds. Ages are the chain's own,
+    # from the record's submitted_at (the simulator's clock starts a job when its create arrives).
+    # How few reads a job that costs is a count, held on a virtual clock: bench figure 9's webhook
+    # row and the capacity figure's webhook arm (a count here would be the machine's speed).
+    with redis.Redis.from_url(stack.redis_url) as client:  # the key prefix: LEASE_KEY_PREFIX's default
+        plan = DeliveryStore(client, "sume:poll:").plans(["video"]).get("video")
+    assert plan is not None and plan.learning and plan.first >= LOST_WITHIN, plan
+    durations = dict(zip(ids, (200 + 60 * i for i in range(len(ids))), strict=True))
+    early = {}
+    for job_id in ids:
+        info, record = stack.sim.job_info(job_id), stack.record(job_id)
+        age = jobs[job_id]["first_any_read_age"] + info["created_clock"] - float(record["submitted_at"])  # type: ignore[index]
+        if age < min(durations[job_id], plan.first):
+            early[job_id] = (round(age), durations[job_id])
+    assert not early, f"read before the job finished or the kind's plan said (age, duration): {early}"
 
 
 def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStack) -> None:

@@ -257,7 +257,8 @@ class Model:
                 job.id: {"status_reads": job.status_reads, "result_reads": job.result_reads,
                          "min_reads": job.min_reads(self._readiness_shown(job)), "status": job.state(now).status,
                          "status_reads_after_terminal": job.status_reads_after_terminal,
-                         "first_read_age": None if job.first_read is None else job.first_read - job.created}
+                         "first_read_age": None if job.first_read is None else job.first_read - job.created,
+                         "first_any_read_age": None if job.first_any_read is None else job.first_any_read - job.created}
                 for job in self._jobs.values()
             }
             for job_id, reads in self._unknown_reads.items():
@@ -289,7 +290,7 @@ class Model:
             state = job.state(self.clock.now())
             return {
                 "id": job.id, "kind": job.kind, "type": job.sume_type, "workspace": job.workspace,
-                "status": state.status,
+                "created_clock": job.created, "status": state.status,
                 "terminal": state.terminal, "result_ready": state.result_ready,
                 "status_reads": job.status_reads, "result_reads": job.result_reads,
                 "min_reads": job.min_reads(self._readiness_shown(job)),
@@ -672,6 +673,8 @@ class Model:
         setattr(job, counter, getattr(job, counter) + 1)
         if counter == "status_reads" and job.first_read is None:
             job.first_read = now
+        if job.first_any_read is None:
+            job.first_any_read = now
         if counter == "status_reads" and job.terminal_served:
             job.status_reads_after_terminal += 1
 

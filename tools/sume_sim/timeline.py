@@ -64,6 +64,7 @@ class Job:
     result_fault_cursor: int = 0
     override_served: int = 0
     first_read: float | None = None  # clock time of the first status read
+    first_any_read: float | None = None  # clock time of the first read of either route
     #: A status read answered the job's terminal status (no override) and with it all a client needs:
     #: a failure, a ready result, or no hints (then readiness cannot be read from the status).
     terminal_served: bool = False
