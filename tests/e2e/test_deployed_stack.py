@@ -140,33 +140,42 @@ def test_schedules_queues_table_bucket_and_alarms_are_deployed(
 # -- jobs -------------------------------------------------------------------------------------------
 
 def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_replies(stack: DeployedStack) -> None:
-    """Sume enforces 20 reads a minute where the stack was deployed with ReadsPerMinute=30: its
-    RateLimit-* headers and first 429s tighten the shared limiter for every poller, so a burst of
-    30 short jobs all finish (within JobMaxAgeSeconds) with 429s under 10 % of the attempts, and a
-    job seen terminal is never read for status again (the livelock this prevents: each retry
-    re-read the status and lost its result fetch to a 429)."""
+    """Sume enforces 20 reads a minute where the stack was deployed with ReadsPerMinute=30: the
+    RateLimit-* headers of its replies teach the shared limiter the stricter limit (the read
+    budget's hash in Redis, which every poller's take reads), under a burst of 30 short jobs.
+    Whatever the machine's speed, each job ends once - completed with its result, or timed_out
+    at its deadline naming why - and a job seen terminal is never read for status again (the
+    livelock this prevents: each retry re-read the status and lost its result fetch to a 429).
+
+    How many 429s the learned limit leaves, and that the burst binds the budget, depend on how
+    fast this machine runs the Lambdas on a 20x clock (a read granted at a window's end reaches
+    Sume in the next one; a job whose read slot came after its deadline on a busy machine times
+    out): those rates are bench figure 8's, on a virtual clock (``make bench``, docs/benchmarks.md).
+    """
     warm = submit(stack, {"duration": 1})  # ministack's first Lambda start takes minutes of a 20x clock
     stack.drive(lambda: stack.settled([warm]), timeout=60)
     stack.reset()
     stack.sim.configure(read_budget={"per_minute": 20})
+    assert "learned_minute" not in stack.budget_state()  # the reset left nothing learned
     # One at a time: concurrent submits make ministack start a Lambda container each, and each
     # cold start costs clock minutes on a 20x clock.
     jobs = [submit(stack, {"duration": 1}) for _ in range(30)]
 
-    stack.drive(lambda: stack.settled(jobs), timeout=240)
+    stack.drive(lambda: stack.settled(jobs) and set(jobs) <= {e["job_id"] for e in stack.events()}, timeout=240)
 
-    records = stack.records(jobs)
-    assert {r["status"] for r in records} == {"completed"} and all(r.get("result_json") for r in records)
-    stats = stack.sim.stats()
-    per_job = [stats["jobs"][j] for j in jobs]
-    served = sum(j["status_reads"] + j["result_reads"] for j in per_job)
-    assert sum(j["status_reads_after_terminal"] for j in per_job) == 0
-    # Learned, not known: reads granted before the first reply that carried Sume's limit, and reads
-    # granted at a window's end that reach Sume in the next one (a Lambda's real latency is clock
-    # seconds on a 20x clock), may meet a 429. Unlearned, the stack's 30 a minute against Sume's 20
-    # would meet about one in five (and a third without the limiter: bench figure 8).
-    assert stats["rate_limited"] < 0.1 * served, (stats["rate_limited"], served)
-    assert stack.metric_totals()["BudgetExhausted"] >= 1  # the budget bound: reads waited for their slots
+    budget = stack.budget_state()
+    assert (budget["learned_minute"], stack.parameters["ReadsPerMinute"]) == (20, "30"), budget
+    records = {r["job_id"]: r for r in stack.records(jobs)}
+    by_status = Counter(r["status"] for r in records.values())
+    assert set(by_status) <= {"completed", "timed_out"}, by_status
+    for r in records.values():
+        if r["status"] == "completed":
+            assert (r["evidence"], bool(r.get("result_json"))) == ("result_read", True), r
+        else:  # its deadline came without a read slot, or before Sume's result was read
+            assert r["evidence"] == "deadline" and r["error"]["code"] in ("deadline_exceeded", "result_not_ready"), r
+    assert Counter(e["job_id"] for e in stack.events()) == Counter(jobs)  # exactly one terminal event each
+    per_job = stack.sim.stats()["jobs"]
+    assert {j: per_job[j]["status_reads_after_terminal"] for j in jobs} == dict.fromkeys(jobs, 0)
 
 
 @pytest.fixture(scope="module")
