@@ -15,11 +15,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import redis
 
-from sume_poller.creates.createqueue import DrainMessage
+from sume_poller.creates.createqueue import DrainMessage, drain_lease
 from sume_poller.limits.lease import new_token
 from sume_poller.store.submissions import queue_item, queued_record
 from tools import ops
+from tools.stack.base import queue_depth
 from tools.stack.deployed import DeployedStack
 from tools.template import Created, resolve
 
@@ -186,13 +188,14 @@ def every_ending(deployed_stack: DeployedStack) -> tuple[dict[str, str], list[st
     small read budget; they time out. ``(job by outcome, burst)``, once every one is terminal."""
     stack = deployed_stack
     stack.reset()
-    # The completed one's first read is refused by a proxy's 413 (retried: SumeReadRefused), the next
+    jobs = {outcome: submit(stack, {"outcome": outcome, "duration": 3}) for outcome in OUTCOMES}
+    # The first video's first read is refused by a proxy's 413 (retried: SumeReadRefused), the next
     # reports a status this project does not know, with terminal: true (not an outcome: read on,
-    # UnknownStatus): the metrics of their alarms.
-    odd = {"completed": {"faults": ["proxy:413"], "status_override": {"status": "finalizing", "reads": 1},
-                         "terminal_flag": True}}
-    jobs = {outcome: submit(stack, {"outcome": outcome, "duration": 3, **odd.get(outcome, {})}) for outcome in OUTCOMES}
-    burst = [submit(stack, {"duration": 100_000}, kind="video") for _ in range(24)]
+    # UnknownStatus): the metrics of their alarms. A video that never ends, so both are status reads
+    # of its own chain whatever the machine's speed (on a job that ends, a sweep may find it finished
+    # first and hand it to a result read: neither status read happens).
+    odd = {"faults": ["proxy:413"], "status_override": {"status": "finalizing", "reads": 1}, "terminal_flag": True}
+    burst = [submit(stack, {"duration": 100_000, **(odd if i == 0 else {})}, kind="video") for i in range(24)]
     stack.drive(lambda: stack.settled([*jobs.values(), *burst]), timeout=120, fanout_every=1)
     return jobs, burst
 
@@ -234,20 +237,40 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
     stack.client("secretsmanager").put_secret_value(SecretId=stack.parameters["SumeKeysSecretName"],
                                                     SecretString=json.dumps(stack.key_config(inline=True)))
 
-    # A queued submission past its deadline (as submit queues one; this stack's creates are not
-    # limited, so none queues by itself) and its drain's message: the submit function, through the
-    # create queue's event source, records it rejected and counts SubmissionsExpired.
+    # A queued submission past its deadline (this stack's creates are not limited, so none queues by
+    # itself), queued as submit queues one - its item and its record in one transaction: a drain that
+    # found the item without its record would take it for settled and drop it uncounted - and a drain
+    # message: the submit function, through the create queue's event source, records it rejected and
+    # counts SubmissionsExpired. Whichever drain takes the key's drain lease runs it - this message's
+    # chain, or the one fan-out starts for a queue that holds submissions while the lease is free (a
+    # message that finds the lease held is dropped); a drain whose step failed is restarted by fan-out
+    # once its claim expires (ClaimTtlSeconds, 60 s: within the wait), where this message would come
+    # back only after the create queue's visibility timeout (180 s).
     now = stack.clock.now()
     item = queue_item("default", kind="image", params={"prompt": "e2e expired"}, derived=False,
                       idempotency_key=f"e2e-expired-{uuid.uuid4().hex[:8]}", arrived=now - 120, deadline_at=now - 60)
-    stack.table.put(item)
-    stack.table.put(queued_record(item))
+    assert stack.table.enqueue(item, queued_record(item))
     stack.client("sqs").send_message(QueueUrl=stack.outputs["CreateQueueUrl"],
                                      MessageBody=DrainMessage(new_token(), 0).to_json())
-    wait_for(set().union(*watched.values()) - {"SumeAuthFailed", "KeyConfigInvalid"})  # the shared run's metrics
-    expired = stack.table.submission("default", item["idempotency_key"])
+
+    def settled() -> dict[str, Any] | None:
+        record = stack.table.submission("default", item["idempotency_key"])
+        return record if record is not None and record["status"] != "queued" else None
+
+    def drain() -> str:
+        with redis.Redis.from_url(stack.redis_url) as client:
+            lease = client.get(stack.parameters.get("LeaseKeyPrefix", "sume:poll:") + drain_lease("default"))
+        depth = queue_depth(stack.client("sqs"), stack.outputs["CreateQueueUrl"])
+        return f"drain lease {lease!r}, create queue {depth}"
+
+    try:  # the drain's own record first: a timeout tells a drain that did not run from a metric not seen
+        stack.drive(lambda: settled() is not None, timeout=120, fanout_every=1)
+    except TimeoutError as error:
+        raise AssertionError(f"the expired submission was not settled ({drain()}): {error}") from error
+    expired = settled()
     assert expired is not None and expired["status"] == "rejected", expired
     assert expired["error"]["code"] == "create_budget_exhausted"
+    wait_for(set().union(*watched.values()) - {"SumeAuthFailed", "KeyConfigInvalid"})  # the shared run's metrics
 
     # Last, as it pauses every read: Sume refuses the key for a job registered after the switch, and
     # the key configuration the 401 reads again at once no longer parses (the last good one is kept;
