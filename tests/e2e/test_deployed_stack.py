@@ -58,6 +58,12 @@ def submit(stack: DeployedStack, sim: dict[str, Any], kind: str = "image") -> st
     return str(job_id)
 
 
+def schedule_period(stack: DeployedStack) -> float:
+    """Real seconds between runs of the scheduled functions (fan-out, sweeps) as their schedules have it on
+    the stack's clock: once a clock minute (the deployed schedule fires once a real minute, 20 clock minutes)."""
+    return stack.clock.to_real(60)
+
+
 def alarm_metrics(expected: Created) -> dict[str, set[str]]:
     """Alarm logical id -> the SumePoller metrics (service=sume-poller) it watches, metric math included."""
     watched: dict[str, set[str]] = {}
@@ -196,7 +202,7 @@ def every_ending(deployed_stack: DeployedStack) -> tuple[dict[str, str], list[st
     # first and hand it to a result read: neither status read happens).
     odd = {"faults": ["proxy:413"], "status_override": {"status": "finalizing", "reads": 1}, "terminal_flag": True}
     burst = [submit(stack, {"duration": 100_000, **(odd if i == 0 else {})}, kind="video") for i in range(24)]
-    stack.drive(lambda: stack.settled([*jobs.values(), *burst]), timeout=120, fanout_every=1)
+    stack.drive(lambda: stack.settled([*jobs.values(), *burst]), timeout=120, fanout_every=schedule_period(stack))
     return jobs, burst
 
 
@@ -227,7 +233,7 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
 
     def wait_for(names: set[str]) -> None:
         try:
-            stack.drive(lambda: names <= seen(), timeout=120, fanout_every=1)
+            stack.drive(lambda: names <= seen(), timeout=120, fanout_every=schedule_period(stack))
         except TimeoutError as error:
             raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
 
@@ -264,7 +270,7 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
         return f"drain lease {lease!r}, create queue {depth}"
 
     try:  # the drain's own record first: a timeout tells a drain that did not run from a metric not seen
-        stack.drive(lambda: settled() is not None, timeout=120, fanout_every=1)
+        stack.drive(lambda: settled() is not None, timeout=120, fanout_every=schedule_period(stack))
     except TimeoutError as error:
         raise AssertionError(f"the expired submission was not settled ({drain()}): {error}") from error
     expired = settled()
