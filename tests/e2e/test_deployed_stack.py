@@ -164,7 +164,6 @@ def test_a_sume_stricter_than_the_read_budget_parameter_is_learned_from_its_repl
     stack.drive(lambda: stack.settled([warm]), timeout=60)
     stack.reset()
     stack.sim.configure(read_budget={"per_minute": 20})
-    assert "learned_minute" not in stack.budget_state()  # the reset left nothing learned
     # One at a time: concurrent submits make ministack start a Lambda container each, and each
     # cold start costs clock minutes on a 20x clock.
     jobs = [submit(stack, {"duration": 1}) for _ in range(30)]
