@@ -278,8 +278,9 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
     wait_for(set().union(*watched.values()) - {"SumeAuthFailed", "KeyConfigInvalid"})  # the shared run's metrics
 
     # Last, as it pauses every read: Sume refuses the key for a job registered after the switch, and
-    # the key configuration the 401 reads again at once no longer parses (the last good one is kept;
-    # the next test's reset stores it again).
+    # the key configuration no longer parses where it is read again - by the container the 401 came to,
+    # on its next use of the list (after the key's pause: 300 clock s, 15 real s), or by any function
+    # whose copy is a minute old - (the last good one is kept; the next test's reset stores it again).
     stack.client("secretsmanager").put_secret_value(SecretId=stack.parameters["SumeKeysSecretName"],
                                                     SecretString='{"keys": {"acme": {"api_key": ""}}}')
     job_id = stack.sim.seed_job("image", {"duration": 100_000})
