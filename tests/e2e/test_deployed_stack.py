@@ -317,7 +317,7 @@ def test_make_status_reads_the_deployed_stack(stack: DeployedStack, monkeypatch:
     assert any(line.startswith("image ") and "static schedule (2 completions" in line for line in models), models
 
 
-def test_redrive_starts_a_message_move_task_from_the_dlq_to_the_poll_queue(stack: DeployedStack) -> None:
+def test_redrive_starts_a_message_move_task_from_the_dlq_to_the_poll_queue(deployed_stack: DeployedStack) -> None:
     # Neither moto nor ministack implements StartMessageMoveTask: the request is checked against
     # botocore's Stubber, and the emulator's refusal is turned into a clear error.
     import boto3
@@ -335,4 +335,4 @@ def test_redrive_starts_a_message_move_task_from_the_dlq_to_the_poll_queue(stack
         stub.assert_no_pending_responses()
 
     with pytest.raises(ops.OpsError, match="does not implement SQS StartMessageMoveTask"):
-        ops.redrive(stack.client("sqs"), stack.dlq_url, stack.queue_url)
+        ops.redrive(deployed_stack.client("sqs"), deployed_stack.dlq_url, deployed_stack.queue_url)
