@@ -125,7 +125,7 @@ test-integration: $(VENV)/.installed redis
 	$(PY) -m pytest tests/integration -m integration -n 6 --dist loadfile
 
 test-e2e: setup
-	$(PY) -m pytest tests/e2e -m e2e
+	$(PY) -m pytest tests/e2e -m e2e -n 2
 
 # The checks (lint, the docs site) and all three tiers run at once, each into its own log,
 # printed when it finishes. Each starts as soon as what it needs is installed, in three chains

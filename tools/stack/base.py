@@ -293,6 +293,20 @@ class Stack(ABC):
         """Let the system work until ``until()`` (``fanout_every``: run the scheduled functions that often, real
         seconds); TimeoutError saying what is pending after ``timeout`` s."""
 
+    def budget_state(self, what: str = "reads", key: str | None = None) -> dict[str, float]:
+        """A key's ``what`` budget ("reads" or "creates"; ``key`` None: the default key's) as the functions keep it in
+        Redis (:meth:`~sume_poller.limits.budget.Budget.state`): e.g. ``learned_minute``, the minute's limit Sume's
+        ``RateLimit`` headers taught the shared limiter (absent: none taught)."""
+        import redis
+
+        from sume_poller.config.keys import Limits, SumeKey
+        from sume_poller.limits.budget import Budget
+
+        name = SumeKey(key or "default", Limits(), str, default=key is None).budget_name(
+            self.parameters.get("LeaseKeyPrefix", "sume:poll:"), what)
+        with redis.Redis.from_url(self.redis_url) as client:
+            return Budget(client, name, 0, 0, self.clock.now).state()
+
     def metric_totals(self, key: str | None = None) -> Counter[str]:
         """Per metric name, the sum of the EMF lines since the start or :meth:`reset` (``key``: with its dimension)."""
         self._emf.refresh()
