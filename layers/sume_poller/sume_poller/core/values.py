@@ -51,18 +51,27 @@ class _Spec:
                  "shown", "takes")
 
     def __init__(self, cls: type, frozen: bool) -> None:
-        fields = dataclasses.fields(cls)
         self.name, self.frozen = cls.__qualname__, frozen
-        self.names = frozenset(f.name for f in fields)
-        self.positional = tuple(f.name for f in fields if f.init and not f.kw_only)
-        self.takes = frozenset(f.name for f in fields if f.init)
         #: (name, default, factory, init) of every field, in field order (as the generated __init__ sets them).
-        self.order = tuple((f.name, f.default, f.default_factory, f.init) for f in fields)
-        self.missing = tuple(f.name for f in fields if f.init and f.default is MISSING
-                             and f.default_factory is MISSING)
-        self.shown = tuple(f.name for f in fields if f.repr)
-        self.compared = tuple(f.name for f in fields if f.compare)
-        self.hashed = tuple(f.name for f in fields if (f.compare if f.hash is None else f.hash))
+        order, positional, takes, missing, shown, compared, hashed = [], [], [], [], [], [], []
+        for f in dataclasses.fields(cls):
+            name = f.name
+            order.append((name, f.default, f.default_factory, f.init))
+            if f.init:
+                takes.append(name)
+                if not f.kw_only:
+                    positional.append(name)
+                if f.default is MISSING and f.default_factory is MISSING:
+                    missing.append(name)
+            if f.repr:
+                shown.append(name)
+            if f.compare:
+                compared.append(name)
+            if f.compare if f.hash is None else f.hash:
+                hashed.append(name)
+        self.order, self.positional, self.missing = tuple(order), tuple(positional), tuple(missing)
+        self.names, self.takes = frozenset(item[0] for item in order), frozenset(takes)
+        self.shown, self.compared, self.hashed = tuple(shown), tuple(compared), tuple(hashed)
         self.post_init = hasattr(cls, "__post_init__")
 
 
@@ -169,6 +178,8 @@ _GENERIC_ALIAS = type(ClassVar[int])
 #: How ``dataclasses`` reads a string annotation: its first name, maybe after a module's (re's cache has it).
 _ANNOTATION_NAME = re.compile(r"^(?:\s*(\w+)\s*\.)?\s*(\w+)")
 _params: dict[tuple[bool, bool], Any] = {}
+#: A string annotation's (module, name) as :data:`_ANNOTATION_NAME` reads it (the layer repeats a few dozen).
+_named: dict[str, tuple[Any, ...]] = {}
 
 
 def _params_of(kw_only: bool, slots: bool) -> Any:
@@ -190,10 +201,13 @@ def _kind(annotation: Any, module: Mapping[str, Any]) -> Any:
     ``dataclasses.X`` when written so - not evaluated."""
     target = annotation
     if isinstance(annotation, str):
-        match = _ANNOTATION_NAME.match(annotation)
-        if match is None:
+        named = _named.get(annotation)
+        if named is None:
+            match = _ANNOTATION_NAME.match(annotation)
+            named = _named[annotation] = match.groups() if match else ()
+        if not named:
             return _FIELD
-        owner, name = match.groups()
+        owner, name = named
         if owner is None:
             target = module.get(name)
         elif module.get(owner) is typing_module or module.get(owner) is dataclasses:
@@ -246,10 +260,12 @@ def _dataclass(cls: T, slots: bool, kw_only: bool, members: dict[str, Any]) -> T
         if inherited is not None:
             fields.update((f.name, f) for f in inherited.values())
     made: list[Any] = []  # this class's own fields and class variables
+    attributes: dict[str, Any] = {}  # the class attribute of a field given as field(...): its default, or none
     for (name, annotation), kind in zip(annotations.items(), kinds, strict=True):
         default = getattr(cls, name, MISSING)
         if isinstance(default, Field):
             f: Any = default
+            attributes[name] = f.default
         else:
             f = dataclasses.field(default=MISSING if isinstance(default, _MEMBER) else default)
         f.name, f.type, f._field_type = name, annotation, kind
@@ -265,8 +281,6 @@ def _dataclass(cls: T, slots: bool, kw_only: bool, members: dict[str, Any]) -> T
                 raise ValueError(f"mutable default {type(f.default)} for field {name} is not allowed: "
                                  "use default_factory")
         made.append(f)
-    # The class attribute of a field given as field(...): its default, or none.
-    attributes = {f.name: f.default for f in made if isinstance(getattr(cls, f.name, None), Field)}
     for f in made:
         fields[f.name] = f
     for name, attribute in own.items():
