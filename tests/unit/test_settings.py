@@ -3,9 +3,14 @@ the cold start with every problem named."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from typing import get_type_hints
+
 import pytest
 
-from sume_poller.config.settings import ConfigError
+import sume_poller
+from sume_poller.config.settings import ConfigError, FunctionSettings, Group, groups
 from sume_poller.creates.submit import SubmitSettings
 from sume_poller.poll.fanout import FanOutSettings
 from sume_poller.poll.poller import PollSettings
@@ -49,3 +54,19 @@ def test_credentials_never_ride_in_the_redis_url() -> None:
 def test_the_claim_ttl_must_outlast_a_sume_request() -> None:
     with pytest.raises(ConfigError, match="CLAIM_TTL_SECONDS must outlast"):
         PollSettings.from_env({**POLL, "CLAIM_TTL_SECONDS": "10"})
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(sub for direct in cls.__subclasses__() for sub in _subclasses(direct))]
+
+
+def test_the_groups_are_what_get_type_hints_resolves() -> None:
+    """from_env finds each function's groups without evaluating every annotation: the same fields and groups."""
+    for module in pkgutil.walk_packages(sume_poller.__path__, "sume_poller."):
+        importlib.import_module(module.name)
+    classes = _subclasses(FunctionSettings)
+    assert len(classes) >= 7  # the base, the readers' base and the five functions'
+    for cls in classes:
+        hinted = {name: hint for name, hint in get_type_hints(cls).items()
+                  if isinstance(hint, type) and issubclass(hint, Group)}
+        assert groups(cls) == hinted and hinted, cls

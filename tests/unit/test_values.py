@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import typing
 from collections.abc import Callable
-from dataclasses import FrozenInstanceError, dataclass, field
-from typing import Any
+from dataclasses import KW_ONLY, MISSING, FrozenInstanceError, dataclass, field
+from types import MemberDescriptorType
+from typing import Any, ClassVar
 
 import pytest
 
@@ -142,3 +144,96 @@ def test_explicit_methods_are_kept_and_frozen_ones_refused() -> None:
 
             def __setattr__(self, name: str, val: Any) -> None:
                 pass
+
+
+def _attribute(found: Any) -> Any:
+    """A class attribute, a slot by its name (each class has its own)."""
+    return ("slot", found.__name__) if isinstance(found, MemberDescriptorType) else found
+
+
+def _records(cls: type) -> dict[str, Any]:
+    """What ``dataclasses`` records on a class it makes (and ``fields``, ``replace`` and ``asdict`` read)."""
+    fields: Any = vars(cls)["__dataclass_fields__"]
+    return {
+        "fields": [(f.name, f.type, f.default, f.default_factory, f.init, f.repr, f.hash, f.compare, dict(f.metadata),
+                    f.kw_only, f._field_type) for f in fields.values()],
+        "params": repr(vars(cls)["__dataclass_params__"]),
+        "match_args": cls.__dict__.get("__match_args__"),
+        "slots": cls.__dict__.get("__slots__"),
+        "attributes": {name: _attribute(cls.__dict__.get(name, MISSING)) for name in fields},
+        "replace": "__replace__" in cls.__dict__,
+        "qualname": cls.__qualname__,
+    }
+
+
+def _bodies() -> list[tuple[str, Callable[[], type]]]:
+    """Class bodies with what a value class's fields may hold: class variables (written as the layer writes
+    them and module-qualified), fields given as ``field(...)`` with and without a default, a default factory,
+    per-field ``kw_only``, a base's fields overridden."""
+
+    def plain() -> type:
+        class Plain:
+            """Fields of every kind."""
+
+            what: ClassVar[str] = "plain"
+            count: typing.ClassVar[int]
+            x: int
+            y: str = "a"
+            tags: tuple[str, ...] = field(default_factory=tuple)
+            note: Any = field(repr=False, compare=False, metadata={"var": "NOTE"})
+            later: int = field(default=7, init=False, hash=False)
+            named: int = field(default=1, kw_only=True)
+
+        return Plain
+
+    def child() -> type:
+        @value
+        class Base:
+            """A base."""
+
+            a: int
+            b: int = 2
+
+        class Child(Base):
+            """Overrides a base field, adds its own."""
+
+            b: int = 3
+            c: int = field(default=4)
+
+        return Child
+
+    return [("plain", plain), ("child", child)]
+
+
+@pytest.mark.parametrize("options", [{}, {"slots": False}, {"kw_only": True}, {"frozen": False, "slots": False}],
+                         ids=str)
+@pytest.mark.parametrize("body", _bodies(), ids=lambda b: b[0])
+def test_a_value_records_what_dataclasses_records(body: tuple[str, Callable[[], type]],
+                                                   options: dict[str, Any]) -> None:
+    """``value`` works out the class's dataclass records itself (dataclasses compiles a function for every class
+    it makes): they are what ``dataclass(init=False, repr=False, eq=False, ...)`` records for the same body."""
+    slots, kw_only = options.get("slots", True), options.get("kw_only", False)
+    ours = value(**{"frozen": options.get("frozen", True), "slots": slots, "kw_only": kw_only})(body[1]())
+    theirs = dataclass(init=False, repr=False, eq=False, slots=slots, kw_only=kw_only)(body[1]())
+    assert _records(ours) == _records(theirs)
+    assert [f.name for f in dataclasses.fields(ours)] == [f.name for f in dataclasses.fields(theirs)]
+
+
+def test_a_class_of_another_kind_is_made_by_dataclasses() -> None:
+    @value
+    class Marked:
+        """Keyword-only fields after a KW_ONLY marker."""
+
+        a: int
+        _: KW_ONLY
+        b: int = 2
+
+    assert Marked.__match_args__ == ("a",) and Marked(1, b=3) == Marked(1, b=3)
+    with pytest.raises(TypeError):
+        Marked(1, 3)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="mutable default"):
+        @value
+        class Mutable:
+            """A list as a default."""
+
+            items: list[int] = []

@@ -28,10 +28,12 @@ from source (11 ms from .pyc), Powertools' parser 224 ms (75 ms), aws-lambda-env
 
 from __future__ import annotations
 
+import inspect
 import ipaddress
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import field, fields
-from typing import Any, ClassVar, Self, get_type_hints
+from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 from ..core.clock import Clock
@@ -189,6 +191,26 @@ class Group:
     @classmethod
     def read(cls, env: Env, common: Common) -> Self:
         return cls(**declared(cls, env))
+
+
+def groups(cls: type) -> dict[str, type[Group]]:
+    """The fields of ``cls`` (and its bases) annotated with a :class:`Group`, each with its group:
+    what ``typing.get_type_hints`` resolves them to, found by looking up only the annotations that
+    are a plain name (as a group's is) - in the class that declares the field, then its module -
+    where ``get_type_hints`` compiles and evaluates every annotation of the class and its bases
+    (about 2.5 M instructions of a function's cold start, bench figure 4)."""
+    found: dict[str, type[Group]] = {}
+    for base in reversed(cls.__mro__):
+        module = vars(sys.modules[base.__module__]) if base.__module__ in sys.modules else {}
+        for name, annotation in inspect.get_annotations(base).items():
+            hint = annotation
+            if isinstance(annotation, str):
+                hint = base.__dict__.get(annotation, module.get(annotation)) if annotation.isidentifier() else None
+            if isinstance(hint, type) and issubclass(hint, Group):
+                found[name] = hint
+            else:
+                found.pop(name, None)
+    return found
 
 
 @value
@@ -399,11 +421,11 @@ class FunctionSettings:
     def from_env(cls, env: Mapping[str, str]) -> Self:
         reader = Env(env)
         common = Common.read(reader)
-        hints = get_type_hints(cls)
+        grouped = groups(cls)
         values: dict[str, Any] = {"common": common, **declared(cls, reader), **cls.read_own(reader, common)}
         for f in fields(cls):
-            group = hints[f.name]
-            if isinstance(group, type) and issubclass(group, Group):
+            group = grouped.get(f.name)
+            if group is not None:
                 values[f.name] = group.read(reader, common)
             elif "period" in f.metadata:
                 values[f.name] = common.clock.from_real(60.0 * reader.integer(f.metadata["period"], 1, 1, 60))

@@ -23,11 +23,12 @@ every lease and budget script is idempotent (a repeat finds its own value). Afte
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from importlib import resources
 from typing import Any
 
 import redis
@@ -153,8 +154,12 @@ class LuaScript:
 
 
 def lua_file(package: str, name: str) -> str:
-    """The text of the package's Lua file ``name`` (shipped beside its modules in the layer)."""
-    return resources.files(package).joinpath(name).read_text(encoding="utf-8")
+    """The text of the package's Lua file ``name``, shipped beside its modules in the layer's directory (read
+    there: ``importlib.resources`` would import four modules to find it, about 3.5 M instructions of the
+    cold start of every function that talks to Redis, bench figure 4)."""
+    folder = os.path.dirname(str(importlib.import_module(package).__file__))
+    with open(os.path.join(folder, name), encoding="utf-8") as file:
+        return file.read()
 
 
 def lua_script(package: str, name: str, libraries: str = "") -> LuaScript:
