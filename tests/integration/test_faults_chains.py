@@ -28,7 +28,10 @@ module_stack, stack = fault_suite_fixtures()
 def test_a_poller_dying_at_any_step_loses_nothing(stack: InProcessStack, step: str) -> None:
     """Each job's poller dies once, at ``step``; the batch is delivered again only after the claim
     expired (as SQS's visibility timeout does), and fan-out restarts chains whose lease ran out."""
-    ids = submit(stack, 10, {"duration": 150, "steps": 2})
+    # A job's first status read says it runs, whatever the machine's speed (a slow first read could
+    # find it done and never re-queue it: no job reached 'sent' in a CI run under load).
+    running = {"status_override": {"status": "running", "reads": 1}} if step == "sent" else {}
+    ids = submit(stack, 10, {"duration": 150, "steps": 2, **running})
     crashed: set[str] = set()
 
     def hook(name: str, job_id: str) -> None:

@@ -126,8 +126,10 @@ def test_one_keys_401_pauses_that_key_while_the_others_keep_reading(stack: InPro
     # not asserted: on a busy machine the single-threaded event source alone stretched them past 200
     # clock s, a third of a real second a step at 50x.)
     assert globex_metrics["SumeAuthFailed"] == 0 and globex_metrics["KeyPaused"] == 0, globex_metrics
-    # acme's jobs wait, keeping their place: none recorded, none lost.
-    assert {r["status"] for r in stack.records(acme)} == {"pending"}
+    # acme's jobs wait, keeping their place: none recorded since the revocation, none lost (a slow
+    # machine's first reads may find one done before it: a CI run under load recorded one then).
+    after = [r for r in stack.records(acme) if r["status"] != "pending" and float(r["updated_at"]) >= revoked_at]
+    assert not after and len(stack.records(acme)) == len(acme), after
     # Each pause stops acme's readers: per pause, at most the reads in flight when it began.
     assert stack.sim.stats()["unauthorized"] <= (len(acme) + 2) * pauses, pauses
 
