@@ -97,7 +97,10 @@ def test_a_job_route_refusal_the_contract_does_not_name_is_retried_and_recorded_
         record = stack.record(job_id)
         assert record is not None and (record["status"], record["evidence"]) == ("failed", "status_read")
         assert record["terminal_at"] - record["submitted_at"] >= 300  # the refusal window, not the first answer
-    assert stack.metric_totals()["SumeReadRefused"] >= len(passing) * len(blips)
+    # Every refusal Sume served is counted (how many a job met before a sweep or its result finished it
+    # is the machine's speed: a loaded CI run served 17 of the 20).
+    served = sum(len(passing) - len(stack.sim.job_info(j)["faults_remaining"]) for j in blips)  # type: ignore[index]
+    assert served > 0 and stack.metric_totals()["SumeReadRefused"] >= served, served
 
 
 def test_a_result_refused_after_the_status_said_completed_is_never_a_failure_nor_recorded_without_saying_so(

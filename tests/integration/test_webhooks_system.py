@@ -20,7 +20,7 @@ import redis
 from invariants import check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, SCENARIO_DEFAULTS, found_by, run, submit
 
-from sume_poller.discovery.deliveries import LOST_WITHIN, DeliveryStore
+from sume_poller.discovery.deliveries import LOST_WITHIN, DeliveryStore, LatePlan
 from tools.services import MotoServer, free_port
 from tools.stack.inprocess import InProcessStack
 
@@ -104,17 +104,27 @@ def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack:
     # from the record's submitted_at (the simulator's clock starts a job when its create arrives).
     # How few reads a job that costs is a count, held on a virtual clock: bench figure 9's webhook
     # row and the capacity figure's webhook arm (a count here would be the machine's speed).
+    plan = late_plan(stack)
+    assert plan.learning and plan.first >= LOST_WITHIN, plan
+    durations = dict(zip(ids, (200 + 60 * i for i in range(len(ids))), strict=True))
+    early = {j: (round(chain_age(stack, j, jobs)), durations[j]) for j in ids
+             if chain_age(stack, j, jobs) < min(durations[j], plan.first)}
+    assert not early, f"read before the job finished or the kind's plan said (age, duration): {early}"
+
+
+def late_plan(stack: InProcessStack) -> LatePlan:
+    """The video kind's late plan, as the chains' containers read it (it must have one)."""
     with redis.Redis.from_url(stack.redis_url) as client:  # the key prefix: LEASE_KEY_PREFIX's default
         plan = DeliveryStore(client, "sume:poll:").plans(["video"]).get("video")
-    assert plan is not None and plan.learning and plan.first >= LOST_WITHIN, plan
-    durations = dict(zip(ids, (200 + 60 * i for i in range(len(ids))), strict=True))
-    early = {}
-    for job_id in ids:
-        info, record = stack.sim.job_info(job_id), stack.record(job_id)
-        age = jobs[job_id]["first_any_read_age"] + info["created_clock"] - float(record["submitted_at"])  # type: ignore[index]
-        if age < min(durations[job_id], plan.first):
-            early[job_id] = (round(age), durations[job_id])
-    assert not early, f"read before the job finished or the kind's plan said (age, duration): {early}"
+    assert plan is not None, "the kind has no delivery ages"
+    return plan
+
+
+def chain_age(stack: InProcessStack, job_id: str, jobs: dict[str, Any]) -> float:
+    """The job's age at its first read of either route, as its chain counts ages: from the record's
+    submitted_at (the simulator's clock starts the job when its create arrives)."""
+    created = stack.sim.job_info(job_id)["created_clock"]  # type: ignore[index]
+    return float(jobs[job_id]["first_any_read_age"] + created - float(stack.record(job_id)["submitted_at"]))  # type: ignore[index]
 
 
 def test_a_webhook_for_a_job_already_finished_reads_nothing(stack: InProcessStack) -> None:
@@ -173,14 +183,23 @@ def test_once_a_kind_has_its_delivery_ages_a_lost_delivery_costs_one_read_of_the
     first under load - CI saw 18 of 24 by webhook); then every delivery is lost: each chain reads
     late, by the result route - the result is the proof, no status read - and every job is once."""
     stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.0}, list={"route": "missing"})
-    warm_up = submit(stack, 36, {"duration": 60, "hints": False, "steps": 1}, kind="video")
-    run(stack, warm_up, timeout=60)
-    assert found_by(stack, warm_up)["webhook"] >= 20
+    # Until the kind has MIN_SAMPLE delivery ages (under load a chain finds a job before its delivery
+    # now and then - CI saw 18 of 24 by webhook - so warm-ups continue until the plan is no longer a
+    # learning one; at most three rounds).
+    for _ in range(3):
+        warm_up = submit(stack, 36, {"duration": 60, "hints": False, "steps": 1}, kind="video")
+        run(stack, warm_up, timeout=60)
+        if not (plan := late_plan(stack)).learning:
+            break
+    assert not plan.learning, plan
     stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 1.0})
     ids = submit(stack, 6, {"duration": 60, "hints": False, "steps": 1}, kind="video")
     run(stack, ids, timeout=60)
     check(stack, ids, scenario="late reads, every delivery lost", expected="completed")
     assert found_by(stack, ids) == Counter({"chain": len(ids)})
     jobs = stack.sim.stats()["jobs"]
-    assert [jobs[j]["status_reads"] for j in ids] == [0] * len(ids)  # found by the result route alone
-    assert all(1 <= jobs[j]["result_reads"] <= 2 for j in ids), [jobs[j]["result_reads"] for j in ids]
+    # Found by the result route alone: a read up to the plan's tail (and half a gap past it) probes the
+    # result route; one a slow machine brought later reads the status, as it should (a loaded CI run).
+    late = {j: round(chain_age(stack, j, jobs)) for j in ids if chain_age(stack, j, jobs) > plan.tail + plan.gap / 2}
+    assert all(jobs[j]["status_reads"] == 0 for j in ids if j not in late), (late, jobs)
+    assert all(1 <= jobs[j]["result_reads"] <= 2 for j in ids if j not in late), [jobs[j] for j in ids]
