@@ -19,6 +19,7 @@ mkdir -p "$LOGS"
 
 declare -A tier_of=() chain_of=()
 failed=()
+cpu_total=0
 
 start_tier() {  # start_tier TIER [CHAIN]
   local tier=$1 cmd
@@ -38,7 +39,11 @@ start_tier() {  # start_tier TIER [CHAIN]
   ( started=$SECONDS
     "${cmd[@]}" >"$LOGS/$tier.log" 2>&1
     code=$?
-    echo "== $tier: exit $code after $((SECONDS - started)) s" >>"$LOGS/$tier.log"
+    # CPU time of what the tier ran (bash's `times`: this subshell's waited-for children), which
+    # the wall time on shared cores does not show: the sum over tiers is what the run costs.
+    times >"$LOGS/$tier.times"  # not in a pipe: that runs it in a subshell with no children
+    cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, p, "m"); t += p[1] * 60 + p[2] } printf "%.0f", t }' "$LOGS/$tier.times")
+    echo "== $tier: exit $code after $((SECONDS - started)) s, ${cpu} CPU-s" >>"$LOGS/$tier.log"
     exit "$code" ) &
   tier_of[$!]=$tier
   chain_of[$!]=${2:-}
@@ -71,6 +76,8 @@ while ((${#tier_of[@]})); do
   echo
   echo "==================================== $tier ===================================="
   cat "$LOGS/$tier.log"
+  cpu=$(sed -n 's/^== .*: exit .* s, \([0-9]*\) CPU-s$/\1/p' "$LOGS/$tier.log" | tail -1)
+  cpu_total=$((cpu_total + ${cpu:-0}))
   ((code == 0)) || failed+=("$tier")
   if [[ $tier == @* ]]; then
     if ((code == 0)); then
@@ -83,6 +90,7 @@ while ((${#tier_of[@]})); do
 done
 
 echo
+echo "CPU time of all steps: $cpu_total CPU-s"
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
   exit 1
