@@ -15,9 +15,10 @@ from tools.template import Created, aws_clients, create_stack, load, translate
 #: hands each worker whole modules (--dist loadfile) in collection order, and a long module
 #: started last kept one worker busy ~30 s after the others were done. Only an ordering hint:
 #: a stale entry costs time, never a test.
-LONGEST_FIRST = ("test_sweeps_system", "test_faults_keys", "test_budget_system", "test_faults_chains",
-                 "test_faults_sume", "test_faults_timing", "test_faults_redis", "test_redis_system",
-                 "test_webhooks_system", "test_schedule_system", "test_long_spans")
+LONGEST_FIRST = ("test_sweeps_lists", "test_faults_sume", "test_faults_keys", "test_faults_chains",
+                 "test_sweeps_system", "test_budget_system", "test_webhooks_system", "test_redis_system",
+                 "test_schedule_system", "test_faults_create_queue", "test_long_spans", "test_faults_redis",
+                 "test_faults_timing")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

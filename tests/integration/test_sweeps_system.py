@@ -1,7 +1,8 @@
 """Sweeps on the whole system (in-process stack, TimeScale 0.02): the list route finishes jobs in
 bulk beside the chains, a route that answers 404 sends every chain back to the normal schedule, and
 a sweep leaves a job to its chain while the chain reads it. (Chains stretch only where sweeps
-proved coverage: tests/unit/test_poller.py and test_discovery.py.)"""
+proved coverage: tests/unit/test_poller.py and test_discovery.py; list routes that do not behave as
+assumed: test_sweeps_lists.py.)"""
 
 from __future__ import annotations
 
@@ -13,19 +14,20 @@ import redis
 from invariants import Crash, check
 from scenario import NO_CREATE_BUDGET, SAFE_LEASES, found_by, run, stack_fixtures, submit
 
-from sume_poller.discovery import sweep
 from sume_poller.discovery.sweep import Sweeper
 from tools.stack.base import wait_until
 from tools.stack.inprocess import InProcessStack
 
 pytestmark = pytest.mark.integration
 
+#: The sweeps' system parameters (test_sweeps_lists.py runs on the same).
 PARAMETERS = {**NO_CREATE_BUDGET, "ReadsPerDay": 0, "SweepSafetySeconds": 600, "SweepCheckSeconds": 60,
               "SweepLagSeconds": 30}
 LIST_CAPABLE = {"cursor": True, "order": "newest_first", "fields": "full"}
 #: Chains read at most every 200 clock seconds here (a long schedule), so sweeps (every 50) find
 #: jobs first where the list shows them.
-module_stack, stack = stack_fixtures(0.02, PARAMETERS, {**SAFE_LEASES, "MIN_POLL_INTERVAL": "200"})
+ENV = {**SAFE_LEASES, "MIN_POLL_INTERVAL": "200"}
+module_stack, stack = stack_fixtures(0.02, PARAMETERS, ENV)
 
 
 def test_sweeps_finish_jobs_beside_chains_with_one_result_read_each(stack: InProcessStack) -> None:
@@ -110,51 +112,3 @@ def test_a_sweep_that_dies_mid_page_loses_nothing(stack: InProcessStack, monkeyp
     check(stack, ids, scenario="a sweep dies mid-page after three hand-overs", expected="completed", allowance=2)
     jobs = stack.sim.stats()["jobs"]
     assert all(jobs[j]["result_reads"] == 1 for j in ids)
-
-
-#: Jobs of every outcome, finishing over 100-290 clock seconds: sweeps see each kind of listing.
-OUTCOMES = ("completed", "completed", "completed", "failed", "canceled", "expired")
-
-
-def mixed_jobs(stack: InProcessStack, n: int = 20) -> dict[str, str]:
-    """``n`` jobs of mixed outcomes; job id -> the status Sume will report for it."""
-    outcomes = [OUTCOMES[i % len(OUTCOMES)] for i in range(n)]
-    ids = submit(stack, n, lambda i: {"duration": 100 + 10 * i, "steps": 2, "outcome": outcomes[i]})
-    return dict(zip(ids, outcomes, strict=True))
-
-
-@pytest.mark.parametrize(("name", "mode", "broken"), [
-    ("a list that ignores status=", {"status_filter": "ignored"}, True),
-    ("other terminal statuses on a filtered page", {"status_filter": "loose"}, True),
-    ("items without a status", {"item_status": False}, True),
-    ("ids never submitted here", {"foreign": 3}, False),
-    # No order to stop by: paging follows the cursor until it comes back (an ordered list stops at
-    # the previous sweep or the oldest pending job first, and never meets the repeat).
-    ("a cursor that repeats", {"cursor_repeat": True, "order": "any"}, False),
-    ("5xx on a page", {"faults": ["ok", "503", "ok", "500"]}, False),
-    ("pages newest created first (paging stops at the oldest pending job)", {"order": "newest_created"}, False),
-    ("pages out of created order (the bound is not used)", {"order": "any"}, False),
-])
-def test_a_list_that_does_not_behave_as_assumed_never_decides_an_outcome(
-        stack: InProcessStack, name: str, mode: dict[str, Any], broken: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Whatever the list route shows, every job is recorded once with the status Sume's own
-    routes report (a list only brings a read forward); a route that does not filter as assumed
-    is marked broken for that status (SweepRouteBroken) and chains keep the normal schedule."""
-    monkeypatch.setattr(sweep, "PAGE_SIZE", 4)  # pages enough for cursors and page faults to matter
-    history = submit(stack, 8, {"duration": 1, "steps": 1})  # the workspace's past: lists page from the start
-    run(stack, history)
-    stack.sim.configure(list={**LIST_CAPABLE, **mode})
-    expected = mixed_jobs(stack)
-    ids = list(expected)
-    stack.fanout()  # counts the pending jobs the sweep's cost rule needs
-    run(stack, ids, timeout=90)
-    check(stack, ids, scenario=f"list route: {name}", expected=expected, allowance=2,
-          notes=f"found by {dict(found_by(stack, ids))}")
-    totals = stack.metric_totals()
-    assert totals["SweepReads"] > 0, totals  # the sweeps did read the list
-    assert (totals["SweepRouteBroken"] > 0) is broken, totals
-    if broken:
-        assert totals["Outcome_stretched"] == 0
-    else:
-        # A repeated cursor or a failed page leaves the sweep incomplete (it proves nothing).
-        assert totals["SweepIncomplete"] > 0 or not ({"cursor_repeat", "faults"} & set(mode)), totals
