@@ -3,7 +3,7 @@
 # the Sume simulator) is started by the tools themselves on free 127.0.0.1 ports. No Docker.
 #
 #   make setup             the virtualenvs (uv's, then the four others in parallel) and redis-server
-#   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline)
+#   make lint              ruff, mypy, sam validate --lint (cfn-lint), checkov (offline); -j4 at once
 #   make build             sam build
 #   make test              lint, the docs, build and the unit, integration and e2e tiers, all at
 #                          once (each logged to .scratch/logs/<step>.log, printed as it finishes)
@@ -49,7 +49,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # tier alone about 55 of its 266 CPU-seconds.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup setup-dev setup-e2e setup-lint redis lint docs build test test-unit test-integration test-e2e demo bench invoke sim status \
+.PHONY: setup setup-dev setup-e2e setup-lint redis lint lint-ruff lint-mypy lint-sam lint-checkov docs build test test-unit test-integration test-e2e demo bench invoke sim status \
         models redrive migrate-keys logs clean simulation
 
 # -- virtualenvs: each is (re)installed when its requirements change, else left alone ------------
@@ -102,10 +102,20 @@ redis:
 	@./scripts/ensure-redis.sh
 
 # -- checks ------------------------------------------------------------------------------------
-lint: $(VENV)/.installed $(SAMVENV)/.installed $(CKVENV)/.installed
+# Four independent checks: `make -j4 lint` runs them side by side (make test does, with each
+# check's output kept together).
+lint: lint-ruff lint-mypy lint-sam lint-checkov
+
+lint-ruff: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
+
+lint-mypy: $(VENV)/.installed
 	$(VENV)/bin/mypy
+
+lint-sam: $(SAMVENV)/.installed
 	$(SAM) validate --lint
+
+lint-checkov: $(CKVENV)/.installed
 	$(CKVENV)/bin/checkov -f template.yaml --framework cloudformation --compact --quiet --skip-download
 
 # Strict: a link to a missing page or anchor, or a page missing from the nav, fails the build

@@ -8,9 +8,12 @@
 # Comma-separated chains run side by side. In a chain, "@target" is a make target that installs
 # what the tiers after it need: a chain's first one starts at once, each later one when the one
 # before it is done, and the tiers after it start when it is done (a failed install fails them).
-# What has slack runs at a lower CPU priority (nice): the checks (lint, docs and their install)
-# most, the e2e tier's installs and the interleaving simulation (1,000 schedules, about 35
-# CPU-seconds, beside lint and docs) some (the e2e tier mostly waits; the integration tier is CPU-bound).
+# What has slack runs at a lower CPU priority (nice): the checks' install most (it mostly waits on
+# the package index), the e2e tier's installs and the interleaving simulation (1,000 schedules,
+# about 35 CPU-seconds, on two processes) some (the e2e tier mostly waits; the integration tier is
+# CPU-bound). lint (its four checks at once, about 24 CPU-seconds) and docs run at normal priority:
+# at nice 10 they were starved until the test tiers ended and then ran alone, and the run ended
+# 45 s after its last test tier (a clean clone with one core kept busy).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -24,16 +27,17 @@ cpu_total=0
 start_tier() {  # start_tier TIER [CHAIN]
   local tier=$1 cmd
   case "$tier" in
-    lint|build|docs) cmd=(make --no-print-directory "$tier") ;;
+    lint)        cmd=(make --no-print-directory -j4 --output-sync=target lint) ;;
+    build|docs)  cmd=(make --no-print-directory "$tier") ;;
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
     integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 6 --dist loadfile --durations=8) ;;
     e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e -n 2) ;;
-    simulation)  cmd=(env PYTHONPATH=layers/sume_poller "$PY" -m tests.sim --schedules 1000 --quiet) ;;
+    simulation)  cmd=(env PYTHONPATH=layers/sume_poller "$PY" -m tests.sim --schedules 1000 --workers 2 --quiet) ;;
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
   esac
   case "$tier" in
-    lint|docs|@setup-lint) cmd=(nice -n 10 "${cmd[@]}") ;;
+    @setup-lint) cmd=(nice -n 10 "${cmd[@]}") ;;
     @setup-e2e|simulation) cmd=(nice -n 5 "${cmd[@]}") ;;
   esac
   ( started=$SECONDS
