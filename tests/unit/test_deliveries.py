@@ -264,3 +264,27 @@ def test_a_verified_delivery_keeps_its_job_s_age_also_for_a_job_already_recorded
         assert receiver.handle(headers, raw).status == 202
     assert client.lists["sume:poll:!webhooks:ages:video"] == ["400.0", "400.0"]
     assert len(queue.sent) == 1  # the recorded job: no read queued, no second event
+
+
+def test_a_delivery_says_deliveries_arrive_only_once_its_age_is_kept() -> None:
+    """A container that sees deliveries arrive but no age for the kind stretches the chains it starts to
+    ``LOST_WITHIN`` from submission and keeps that view for ``DELIVERY_VIEW_TTL``: so the receiver keeps
+    the job's age first, then says deliveries arrive (a duplicate says it too)."""
+    from fakes import FakeLease, FakeQueue, FakeStore
+
+    from sume_poller.discovery.coverage import CoverageStore
+    from sume_poller.discovery.webhook import WebhookReceiver, signature
+
+    clock, store, queue, client = FakeClock(), FakeStore(), FakeQueue(), ListRedis()
+    deliveries, coverage = DeliveryStore(client, "sume:poll:"), CoverageStore(client, "sume:poll:")
+    seen_at_arrival: list[dict[str, LatePlan]] = []
+    coverage.webhook_arrived = lambda at: seen_at_arrival.append(deliveries.plans(["video"]))  # type: ignore[method-assign]
+    receiver = WebhookReceiver(clock, secret=lambda: "s", tolerance=300, store=store,  # type: ignore[arg-type]
+                               lease=FakeLease(), queue=queue, handover_ttl_real=60, coverage=coverage)  # type: ignore[arg-type]
+    store.put_pending("job_p", "video", now=clock.now(), deadline_at=int(clock.now()) + 3_600)
+    clock.advance(120)
+    raw = b'{"type": "video_generation.ready", "data": {"job_id": "job_p"}}'
+    stamp = str(int(clock.now()))
+    headers = {"X-Sume-Event-Id": "evt_0", "X-Sume-Timestamp": stamp, "X-Sume-Signature": signature("s", stamp, raw)}
+    assert [receiver.handle(headers, raw).status for _ in range(2)] == [202, 200]  # the second: a duplicate
+    assert seen_at_arrival == [{"video": LatePlan(120 + LOST_WITHIN, 120, learning=True)}] * 2

@@ -136,16 +136,25 @@ class WebhookReceiver:
             job_id = validate_job_id((payload.get("data") or {}).get("job_id"))
         except (ValueError, AttributeError, InvalidJobId) as exc:
             return Answer(400, {"error": f"malformed event: {str(exc)[:100]}"})
-        if (coverage := self._coverage(key)) is not None:  # deliveries arrive: chains of webhook kinds read late
-            with contextlib.suppress(*RedisFailure):
-                coverage.webhook_arrived(self.clock.now())
         seen = self._seen_key(key, event_id)
         if self._seen(seen):
+            self._arrived(key)
             return Answer(200, {"duplicate": True})
         queued = self._hand_over(job_id, str(payload.get("type") or ""), payload.get("data") or {}, key)
+        self._arrived(key)  # once the job's age is kept (_hand_over): see _arrived
         self._remember(seen)
         logger.info("webhook accepted", extra={"job_id": job_id, "event_id": event_id, "queued": queued})
         return Answer(202, {"job_id": job_id, "queued": queued})
+
+    def _arrived(self, key: str) -> None:
+        """Deliveries arrive: chains of webhook kinds read late (a Redis failure: not said). Said after
+        the delivery's age is kept, never before: a container that sees deliveries arrive but no age
+        for the kind stretches the chains it starts to ``LOST_WITHIN`` from submission, not the kind's
+        plan, and keeps that view of the plan for ``DELIVERY_VIEW_TTL`` (a chain's first read, once
+        set, stays)."""
+        if (coverage := self._coverage(key)) is not None:
+            with contextlib.suppress(*RedisFailure):
+                coverage.webhook_arrived(self.clock.now())
 
     def _coverage(self, key: str) -> CoverageStore | None:
         if self.coverage is None:
