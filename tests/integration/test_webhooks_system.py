@@ -83,6 +83,11 @@ def test_signed_webhooks_with_a_third_lost_save_reads_and_nothing_is_lost(stack:
     done; a lost one is caught by the late reads."""
     stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.3, "duplicate": 0.2},
                         list={"route": "missing"})
+    # Seeded so that neither warm-up delivery is lost (the simulator draws loss, duplicate and bad
+    # signature per delivery, in that order, from this RNG and nothing else here: seed 5 draws 0.62 and
+    # 0.94 for the two losses): the wait below needs one delivery in, and 30 % lost each would lose
+    # both in 9 % of runs.
+    stack.sim.configure(seed=5)
     warm_up = submit(stack, 2, {"duration": 60, "hints": False, "steps": 1}, kind="video")
     run(stack, warm_up, timeout=30)
     # Settled is not delivered: their chains may find them done before a delivery is in (a slow first
