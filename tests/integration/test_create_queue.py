@@ -73,7 +73,12 @@ def test_a_burst_is_queued_not_refused_and_created_once_each_in_arrival_order(st
     assert rejected["error"]["code"] == "insufficient_credits" and rejected["http_status"] == 402
     stats = stack.sim.stats()
     assert stats["creates"] == BURST - 1 and stats["insufficient_credits"] == 1  # 402: asked once, never again
-    assert stats["replays"] == 0 and create_429s(stack) == 0  # none created twice, Sume never throttled a create
+    # None created twice (the count above), Sume never throttled a create. A create may be sent again with its
+    # Idempotency-Key - the contract's replay, which returns the job the first one made - where the first one's
+    # answer came after the 1 s read timeout here or its drain step outlived its 2 s lease: what a loaded machine
+    # does, so no count of replays is held here (bench figure 11 counts them on a virtual clock: 0).
+    assert create_429s(stack) == 0
+    assert stats["jobs_created"] == BURST - 1, stats
     # Arrival order: the simulator's jobs in the order they were created are the submissions' order.
     created = [r["job_ids"][0] for r in records if r["status"] == CREATED]
     assert [j for j in stats["jobs"] if j in set(created)] == created
