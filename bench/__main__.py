@@ -73,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="lease margin, claim and start TTL in 1c (1a/1b use the function's settings)")
     p.add_argument("--cold-runs", type=int,
                    help="rounds in figure 4, each a fresh interpreter of the floor and of every function "
-                        "(default 9, --quick 5)")
+                        "(default 21, --quick 15: a round's ratios spread by about +-8 %% on this shared machine, "
+                        "so 5 rounds' median moved by +-0.05)")
     p.add_argument("--fanout-jobs", type=int, default=500, help="N pending jobs in figure 5")
     p.add_argument("--fanout-leased", type=int, default=100, help="K of them holding a live lease")
     p.add_argument("--e2e-jobs", type=int, help="submissions in figure 6 (default 100, --quick 40)")
@@ -121,7 +122,7 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
     if "4" in chosen:
         from bench import fig_cold
         _guard(rows, "4 cold start", f"<= {fig_cold.TARGET}",
-               lambda: fig_cold.measure(runs=args.cold_runs or (5 if quick else 9)))
+               lambda: fig_cold.measure(runs=args.cold_runs or (15 if quick else 21)))
 
     with ExitStack() as stack:
         from bench.services import Services
