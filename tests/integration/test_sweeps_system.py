@@ -77,7 +77,10 @@ def test_a_sweep_leaves_a_job_to_its_chain_while_the_chain_reads_it(stack: InPro
     check(stack, ids, scenario="a sweep and a chain on the same job at once", expected="completed", allowance=2)
     assert swept and swept[0]["left_to_chain"] >= 1, swept
     jobs = stack.sim.stats()["jobs"]
-    assert all(jobs[j]["result_reads"] == 1 for j in ids)
+    twice = {j: {k: jobs[j][k] for k in ("status_reads", "result_reads")} for j in ids if jobs[j]["result_reads"] != 1}
+    # (Failed twice in loaded CI runs, cause not found yet: the message says which jobs, how the sweep and the chains
+    # found them and what the functions counted.)
+    assert not twice, (twice, swept, dict(found_by(stack, ids)), stack.metric_totals())
 
 
 def test_a_sweep_that_dies_mid_page_loses_nothing(stack: InProcessStack, monkeypatch: pytest.MonkeyPatch) -> None:
