@@ -61,10 +61,10 @@ class FakeLease:
         token, _, rest = value.partition(":")
         seq = int(rest.split("!")[0].split("@")[0].rstrip("*"))
         if value in (step.resting, step.resting + "*", step.claimed) or value.startswith(step.resting + "@") or (
-                token == step.token and seq < step.seq):
+                token == step.token and seq < step.seq and "!" not in value):
             self.values[job_id] = step.claimed
             return Claim.OWN
-        return Claim.HELD
+        return Claim.BUSY if token == step.token and seq < step.seq else Claim.HELD
 
     def rest(self, job_id: str, step: ChainStep, ttl_ms: int, *, finishing: bool = False,
              slot: float | None = None) -> bool:

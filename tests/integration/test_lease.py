@@ -96,6 +96,26 @@ def test_a_chain_that_moved_on_without_redis_takes_back_its_own_older_lease(leas
     assert claim(lease, "job_o", other) is Claim.HELD
 
 
+def test_a_later_step_waits_while_a_delivery_of_an_older_step_holds_its_claim(lease: LeaseStore,
+                                                                               rdb: redis.Redis) -> None:
+    """Seed 31856 of the simulation: while Redis was down the chain took step 1 under the record's
+    fence and sent step 2; an SQS duplicate of step 1 claimed the lease first once Redis was back,
+    and step 2 took it from under that delivery's read. Now step 2 is told busy and takes nothing."""
+    token = new_token()
+    rdb.set("t:lease:job_b", f"{token}:0", px=TTL)
+    stale = ChainStep(token, 1, new_nonce())
+    assert claim(lease, "job_b", stale) is Claim.OWN
+    current = ChainStep(token, 2, new_nonce())
+    assert claim(lease, "job_b", current) is Claim.BUSY
+    assert rdb.get("t:lease:job_b") == stale.claimed
+    # The stale delivery rests its chain on step 2 (its own next message): the current one is that step.
+    assert lease.rest("job_b", stale, TTL)
+    assert claim(lease, "job_b", current) is Claim.OWN
+    # ... or it finished the job and released the lease: the current step is a fresh chain.
+    assert lease.release("job_b", current.claimed)
+    assert claim(lease, "job_b", current) is Claim.FRESH
+
+
 def test_release_and_rest_never_touch_another_chains_lease(lease: LeaseStore, rdb: redis.Redis) -> None:
     mine = ChainStep(new_token(), 0, new_nonce())
     rdb.set("t:lease:job_x", "f" * 32 + ":7", px=TTL)

@@ -22,7 +22,7 @@ from sume_poller.creates.submit import (
     one_key,
 )
 from sume_poller.limits.budget import Grant, granted_per_window
-from sume_poller.limits.lease import ChainStep
+from sume_poller.limits.lease import BUSY_RETRY, ChainStep
 from sume_poller.store.submissions import CREATED, QUEUED, REJECTED, queue_item_id, submission_id
 from sume_poller.sume.client import Refused
 from sume_poller.sume.created import Created
@@ -416,6 +416,18 @@ def test_a_duplicate_delivery_is_dropped_and_an_empty_queue_ends_the_drain(parts
     parts.lease.values[drain_lease("default")] = f"{message.token}:0"
     _, nxt = step(parts, message)
     assert nxt is None and drain_lease("default") not in parts.lease.values
+
+
+def test_a_later_drain_step_comes_back_while_a_delivery_of_an_older_step_holds_its_claim(parts: Parts) -> None:
+    """The drain's lease follows lease.py: step 1 never creates beside a delivery of step 0 that
+    holds its claim (an SQS duplicate, say); it is sent again, due in BUSY_RETRY real seconds."""
+    message = queue_two(parts)
+    parts.lease.values[drain_lease("default")] = f"{message.token}:0!other"
+    later = replace(message, seq=1)
+    report, again = step(parts, later)
+    assert report.dropped == 0 and parts.creates_sent() == 0 and again == later
+    assert parts.creates_queue.sent[-1].delay == parts.clock.from_real(BUSY_RETRY)
+    assert parts.lease.values[drain_lease("default")] == f"{message.token}:0!other"
 
 
 def test_a_named_key_has_its_own_queue_drain_and_messages_naming_it(parts: Parts) -> None:

@@ -29,7 +29,7 @@ from sume_poller.discovery.coverage import CANARY_EVERY, Coverage, is_canary
 from sume_poller.discovery.deliveries import LOST_WITHIN
 from sume_poller.limits.budget import Grant, RateInfo
 from sume_poller.limits.gate import ReadGate
-from sume_poller.limits.lease import new_token
+from sume_poller.limits.lease import BUSY_RETRY, new_token
 from sume_poller.limits.redisconn import Breaker
 from sume_poller.poll.cadence import CANARY_SHARE, STRETCHED_SHARE, Cadence
 from sume_poller.poll.keycheck import KEY_CHECK_WAIT
@@ -137,6 +137,24 @@ def test_a_duplicate_delivery_of_a_step_reads_nothing(rig: Rig) -> None:
     rig.run(first)
     assert rig.run(first).name == "contention"
     assert rig.sume.reads("status") == 1
+
+
+def test_a_later_step_never_reads_beside_a_delivery_of_an_older_step_that_holds_its_claim(rig: Rig) -> None:
+    """Simulation seed 31856: the chain took step 0 under the record's fence while Redis was down and
+    sent step 1; once Redis was back an SQS duplicate of step 0 claimed the lease and read. Step 1
+    used to take the claim from under that read and read too; now it comes back later, reading nothing."""
+    rig.sume.status["job_a"] = [status("running")]
+    first = rig.submit()
+    rig.lease.values["job_a"] = f"{first.token}:0!0badcafe"  # the duplicate of step 0, mid-read
+    step1 = first.next(seq=1)
+    out = rig.run(step1)
+    assert out.name == "contention" and rig.sume.calls == [] and rig.budget.takes == 0
+    assert out.send is not None and parse_message(out.send.body) == step1
+    assert out.send.delay == rig.poller.clock.from_real(BUSY_RETRY)
+    assert rig.lease.values["job_a"] == f"{first.token}:0!0badcafe"
+    rig.lease.values["job_a"] = f"{first.token}:1"  # that delivery rested its chain on step 1
+    again = rig.run(rig.next_of(out))
+    assert again.name == "requeued" and rig.sume.reads("status") == 1
 
 
 def test_a_job_with_no_lease_starts_a_fresh_chain_after_reading_its_record(rig: Rig) -> None:

@@ -50,7 +50,7 @@ from ..config.keys import UnknownKey
 from ..core.observability import logger
 from ..core.values import value
 from ..limits.budget import Mode, RateInfo
-from ..limits.lease import ChainStep, Claim, LeaseStore, new_nonce, new_token
+from ..limits.lease import BUSY_RETRY, ChainStep, Claim, LeaseStore, new_nonce, new_token
 from ..limits.redisconn import RedisFailure
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import JobStore
@@ -127,6 +127,11 @@ class Drainer:
         if claim is Claim.HELD:
             logger.info("drain held by another step; message dropped", extra={"key": key_id})
             report.dropped += 1
+            return
+        if claim is Claim.BUSY:  # an older step of this drain may be mid-create: this one comes back
+            logger.info("an older drain step is mid-step; message comes back", extra={"key": key_id})
+            if self.queue.send([Outgoing("again", msg.to_json(), self.clock.from_real(BUSY_RETRY))]):
+                raise RuntimeError("the drain message was not sent again")  # SQS delivers this one again
             return
         if claim is Claim.FRESH:
             step, msg = fresh, replace(msg, token=fresh.token, seq=0)

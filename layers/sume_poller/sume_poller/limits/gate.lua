@@ -18,8 +18,8 @@
 -- ARGV[13] slot_ms: the slot a confirm reserved earlier
 -- ARGV[14] count: slots taken at once
 -- ARGV[15] every_ms: the day reserve's safety cadence per pending job
--- Returns {claim} (0 held, 1 own chain, 2 fresh chain) where the claim failed or no slot was asked
--- for, else the claim and budget_take's six answers.
+-- Returns {claim} (0 held, 1 own chain, 2 fresh chain, 3 busy: an older step of the chain holds its
+-- claim) where the claim failed or no slot was asked for, else the claim and budget_take's six answers.
 local c = lease_claim(KEYS[1], resting, claimed, token, tonumber(seq), fresh, tonumber(ttl_ms))
 if c ~= 1 or mode == 'none' then return {c} end
 local g = budget_take(KEYS[2], KEYS[3], tonumber(now_ms), mode, tonumber(max_wait_ms), tonumber(early_ms),

@@ -14,10 +14,13 @@ to repeat (a client that retries after a lost reply finds its own value and succ
 
 * ``start``: a new chain takes a *free* lease as ``T:0`` (submit, fan-out).
 * ``claim``: message (T, n) moves ``T:n`` to ``T:n!c``. It also succeeds on its own claimed
-  value (a retry) and on an older step of its own chain ``T:m``/``T:m!x`` with m < n (the chain
-  moved on while Redis was unreachable). A duplicate delivery of the same message finds the
-  first delivery's nonce and fails. A *free* lease is taken too, but as a new chain with a
-  fresh token - so an older chain's late messages can never renew it.
+  value (a retry) and on a resting older step of its own chain ``T:m`` with m < n (the chain
+  moved on while Redis was unreachable). A claimed older step ``T:m!x`` is not taken: a
+  delivery of (T, m) may be mid-read (an SQS duplicate of a step the chain already took without
+  Redis), so (T, n) is told *busy* and comes back later - by then that delivery rested or
+  released the lease, or died and its claim expired. A duplicate delivery of the same message
+  finds the first delivery's nonce and fails. A *free* lease is taken too, but as a new chain
+  with a fresh token - so an older chain's late messages can never renew it.
 * ``rest``: before re-queueing step n+1, ``T:n!c`` becomes ``T:n+1`` (``T:n+1*`` when step n+1
   fetches a finished job's result) with a TTL covering the wait plus a margin.
 * ``release``: the claimed value is deleted when the job is finished (already gone counts).
@@ -50,7 +53,7 @@ CLAIM_ARGS = ("resting", "claimed", "token", "seq", "fresh", "ttl_ms")
 
 #: Lua: claim step (T, n): its resting and claimed values, its token and seq, the fresh chain's
 #: claimed value, the TTL. Returns 1 (claimed, own chain), 2 (lease was free: claimed as the
-#: fresh chain), 0 (held).
+#: fresh chain), 0 (held), 3 (busy: a delivery of an older step of this chain holds its claim).
 CLAIM_LUA = """
 local function lease_claim(key, resting, claimed, token, seq, fresh, ttl)
   local v = redis.call('GET', key)
@@ -63,8 +66,9 @@ local function lease_claim(key, resting, claimed, token, seq, fresh, ttl)
     redis.call('SET', key, v == fresh and fresh or claimed, 'PX', ttl)
     return v == fresh and 2 or 1
   end
-  local t, s = string.match(v, '^(%x+):(%d+)')
+  local t, s, mid = string.match(v, '^(%x+):(%d+)(!?)')
   if t == token and tonumber(s) < seq then
+    if mid == '!' then return 3 end
     redis.call('SET', key, claimed, 'PX', ttl)
     return 1
   end
@@ -132,10 +136,16 @@ return {next, slot}
 """
 
 
+#: Real seconds before a message told *busy* comes back: the older step's delivery ends within its
+#: invocation, or its claim expires (``CLAIM_TTL_SECONDS``) if it died. Each return costs a message.
+BUSY_RETRY = 5.0
+
+
 class Claim(IntEnum):
     HELD = 0  # another chain (or another delivery of this message) holds the job
     OWN = 1  # this message's step of its own chain
     FRESH = 2  # the lease was free: this message now runs a new chain (fresh token)
+    BUSY = 3  # a delivery of an older step of this chain holds its claim: come back later
 
 
 def new_token() -> str:

@@ -5,6 +5,7 @@ For each message (step ``n`` of chain ``T``)::
     plan (pure, step.py): due now or a hop; the read slot's mode; the lease TTL
     gate: claim the lease and take a read slot      (one Redis round trip, gate.py)
       held by another chain / a duplicate       -> drop quietly
+      an older step of its chain holds a claim  -> the same message again in BUSY_RETRY (no read)
       lease was free                            -> a new chain: the record says whether a read is
                                                    still needed (else finish its outbox); then the slot
       Redis cannot be asked                     -> the record's fence instead of the lease, this
@@ -60,7 +61,7 @@ from ..core.observability import logger
 from ..core.values import value
 from ..limits.budget import Mode
 from ..limits.gate import ReadGate
-from ..limits.lease import ChainStep, Claim, new_nonce, new_token
+from ..limits.lease import BUSY_RETRY, ChainStep, Claim, new_nonce, new_token
 from ..store.events import EventBus
 from ..store.queue import Outgoing, PollQueue
 from ..store.records import INLINE_RESULT_BYTES, Ending, JobStore
@@ -136,6 +137,9 @@ class Poller:
         if passage.claim is Claim.HELD:
             logger.info("another chain or delivery holds the job; message dropped", extra={"seq": msg.seq})
             return Outcome("contention")
+        if passage.claim is Claim.BUSY:  # that delivery may be mid-read: no second read beside it
+            logger.info("an older step of this chain is mid-step; message comes back", extra={"seq": msg.seq})
+            return Outcome("contention", send=Outgoing(msg.job_id, msg.to_json(), self.clock.from_real(BUSY_RETRY)))
         held = step if passage.claim is Claim.OWN and step else fresh
         run = Run(msg.next(token=held.token, seq=held.seq, paced_at=None), LeaseHold(self.gate.lease, msg.job_id, held),
                   deadline)
