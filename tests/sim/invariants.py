@@ -21,6 +21,14 @@ no other:
                     other's after it; or while a container cannot reach Redis: one read's step holds the
                     record's fence (which keeps out the fenced steps of other chains, not a chain whose
                     container reached Redis and holds the lease), the other's the lease.
+``read-after-end``  no step reads a job after taking its hold (lease or fence) once the job's record
+                    was terminal: a step that finds the lease free reads the record first, and so does
+                    a sweep's or webhook's finishing step that found it free (the chain may have
+                    finished and released it) - except a job one of whose steps held the record's
+                    fence (a container that cannot reach Redis: the lease does not see its write). A
+                    key check's probe is no read of the job's own: it reads the status of a job its
+                    container read fine (finished or not) under a lease of its own, to learn whether a
+                    403 was the key's.
 ``budget``          Sume's read windows (its fixed minutes) never see more than the configured limit -
                     except a window that overlaps a Redis outage, which may see what the shared limiter
                     granted plus what each container's outage pacer grants a minute.
@@ -40,6 +48,7 @@ no other:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections import defaultdict
@@ -47,12 +56,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sume_poller.creates.drain import REPLAY_WINDOW
+from sume_poller.limits.lease import START_LUA
 from sume_poller.limits.budget import granted_per_window
 from sume_poller.poll.step import LAST_READ_WAIT
 
 from .plan import VISIBILITY
 from .world import PREFIX, World
 
+#: The lease's start script, as EVALSHA names it: in a poll invocation, only the key check's probe starts a lease.
+START_SHA = hashlib.sha1(START_LUA.encode()).hexdigest()
 SUCCESS = {"completed", "complete", "succeeded", "success", "ready"}
 FAILURE = {"failed": "failed", "error": "failed", "errored": "failed", "canceled": "canceled",
            "cancelled": "canceled", "expired": "expired"}
@@ -110,6 +122,11 @@ class Checker:
         world.events.observers.append(self.note)
         world.sched.on_kill = self._killed
         self.touched: dict[int, set[str]] = defaultdict(set)
+        #: The order of holds and terminal writes (many happen at one clock time): (actor, job) -> the
+        #: order of its last hold; job -> the order of its terminal write.
+        self.order = 0
+        self.hold_order: dict[tuple[int, str], int] = {}
+        self.ended: dict[str, int] = {}
 
     # -- as it goes ----------------------------------------------------------------------------------
     def fail(self, invariant: str, job: str | None, detail: str) -> None:
@@ -135,7 +152,15 @@ class Checker:
         if key.startswith(PREFIX) and not key.startswith(PREFIX + "!"):
             job = key[len(PREFIX):]
             self.holds[(id(actor), job)] = self.world.sched.now
+            if args[0] == START_SHA and actor.name.startswith("poll#"):  # the key check's probe (keycheck.py)
+                self.hold_order.pop((id(actor), job), None)
+            else:
+                self._held(actor, job)
             self.touched[id(actor.invocation)].add(job)
+
+    def _held(self, actor: Any, job: str) -> None:
+        self.order += 1
+        self.hold_order[(id(actor), job)] = self.order
 
     def _update(self, job: str, sets: frozenset[str], won: bool) -> None:
         actor = self.world.sched.current
@@ -145,6 +170,7 @@ class Checker:
             self.note(job, f"fence {'won' if won else 'lost'}")
             if won:
                 self.holds[(id(actor), job)] = self.world.sched.now
+                self._held(actor, job)
                 self.fenced.add((id(actor), job))
             else:
                 self.fence_losses.add((id(actor), job))
@@ -186,6 +212,10 @@ class Checker:
             self.in_flight[job].pop(id(actor), None)
             return
         mine = self.holds.get((id(actor), job))
+        held, ended = self.hold_order.get((id(actor), job)), self.ended.get(job)
+        if held is not None and ended is not None and held > ended and not any(j == job for _, j in self.fenced):
+            self.fail("read-after-end", job, f"{route} read by {actor.name if actor else '?'}, whose hold was taken "
+                      f"at {_t(mine)} after the job's record was terminal")
         for other, other_route, _ in self.in_flight[job].values():
             if other is actor:
                 continue
@@ -231,6 +261,8 @@ class Checker:
         if _s(old, "pending_shard") != _s(new, "pending_shard") and after == before:
             self.note(key, f"index {_s(old, 'pending_shard')} -> {_s(new, 'pending_shard')}")
         if before in (None, "pending") and after not in (None, "pending"):
+            self.order += 1
+            self.ended[key] = self.order
             self._terminal(key, new)
 
     def _terminal(self, job: str, record: dict[str, Any]) -> None:

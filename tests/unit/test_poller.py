@@ -365,6 +365,27 @@ def test_fan_outs_outbox_message_finishes_the_outbox_whatever_holds_the_lease(ri
     assert rig.run(msg.next(token=new_token(), seq=0, phase=OUTBOX_PHASE)).name == "duplicate"
 
 
+@pytest.mark.parametrize("found_by", [None, "sweep", "webhook"])
+def test_a_chain_started_on_a_free_lease_after_the_job_finished_reads_nothing(rig: Rig, found_by: str | None) -> None:
+    """Simulation (``read-after-end``, 16 seeds in 2,000 before): fan-out read a page with the job pending, or
+    a sweep or webhook its record; the job's chain then finished it and released the lease; the fan-out's
+    start (or the hand-over) found the lease free and sent a step 0 that used to read Sume again. A
+    chain's first step now reads the record first, as a step that finds the lease free does."""
+    rig.sume.status["job_a"] = [done()]
+    rig.follow(rig.submit())
+    assert rig.store.records["job_a"]["status"] == "completed" and "job_a" not in rig.lease.values
+    calls = len(rig.sume.calls)
+    token = new_token()
+    rig.lease.values["job_a"] = f"{token}:0" + ("*" if found_by else "")  # started (or handed over) on the free lease
+    started = PollMessage(job_id="job_a", kind="image", deadline_at=int(rig.clock.now()) + 86_400,
+                          due_at=rig.clock.now(), token=token, found_by=found_by)
+    if found_by:
+        started = started.next(seq=0, phase=RESULT_PHASE, outcome=Finding("completed", Source.LIST, "completed"))
+    out = rig.run(started)
+    assert out.send is None and len(rig.sume.calls) == calls and len(rig.bus.events) == 1
+    assert "job_a" not in rig.lease.values
+
+
 def test_a_fresh_chain_of_a_pending_job_takes_its_slot_after_reading_the_record(rig: Rig) -> None:
     rig.sume.status["job_a"] = [status("running")]
     msg = rig.submit()

@@ -8,6 +8,7 @@ For each message (step ``n`` of chain ``T``)::
       an older step of its chain holds a claim  -> the same message again in BUSY_RETRY (no read)
       lease was free                            -> a new chain: the record says whether a read is
                                                    still needed (else finish its outbox); then the slot
+      a chain's first step (submit's, fan-out's, a hand-over's of a free lease) -> the record first too
       Redis cannot be asked                     -> the record's fence instead of the lease, this
                                                    container's outage pacer instead of the budget
     not due yet (SQS waits at most 900 s)       -> hop: re-queue toward the due time, no read
@@ -145,12 +146,15 @@ class Poller:
                   deadline)
         self._step("claimed", msg.job_id)
         grant = passage.grant
-        if passage.claim is Claim.FRESH:  # the lease was free: does the job still need a read?
+        if held.seq == 0:  # a chain's first step: does the job still need a read?
+            # The lease was free for it: this step found it free (a new chain), or whoever started the
+            # chain did (submit, fan-out, a sweep's or webhook's hand-over) after reading the record -
+            # and a chain of the job may have finished and released it in between.
             record = self.store.get(msg.job_id)
             if record is None or record.get("status") != PENDING:
                 return self._ended(run, self.finisher.settle(msg.job_id, record, run.hold))
             run.refresh(record)
-            if p.mode is not Mode.NONE:
+            if passage.claim is Claim.FRESH and p.mode is not Mode.NONE:
                 grant = self.gate.take(p.mode, p.patience, msg.slot_at or 0.0)
         return self._advance(run, p.hop, grant)
 
