@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sume_poller.creates.drain import REPLAY_WINDOW
-from sume_poller.limits.lease import START_LUA
 from sume_poller.limits.budget import granted_per_window
+from sume_poller.limits.lease import START_LUA
 from sume_poller.poll.step import LAST_READ_WAIT
 
 from .plan import VISIBILITY

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -141,6 +142,24 @@ def test_over_the_budget_a_submission_is_queued_with_an_estimate_and_its_drain_s
     message = DrainMessage.parse(first.body)
     assert message.key is None and message.seq == 0 and first.delay == 0.0  # the default key: no key named
     assert parts.lease.values[drain_lease("default")] == f"{message.token}:0"
+
+
+def test_the_estimate_does_not_move_back_by_the_time_the_queue_query_takes(parts: Parts,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget's peek answers a wait from the moment it runs: the estimate adds it to the time read
+    just before it, not before the queue's query (a slow query, on a loaded CI machine, moved an
+    estimate back by what the query took)."""
+    slot = parts.clock.now() + 30.0
+    monkeypatch.setattr(parts.creates, "take", lambda **_: Grant(False, slot - parts.clock.now()))
+    ahead = parts.store.queue_ahead
+
+    def slow_query(key_id: str, item_id: str) -> int:
+        parts.clock.advance(4.0)
+        return ahead(key_id, item_id)
+
+    monkeypatch.setattr(parts.store, "queue_ahead", slow_query)
+    reply = parts.submit(image("order-0009"))
+    assert reply["status"] == "queued" and reply["estimated_create_at"] == math.ceil(slot)
 
 
 def test_while_a_drain_runs_a_new_submission_queues_behind_even_with_a_free_slot(parts: Parts) -> None:

@@ -329,8 +329,8 @@ class Submitter:
     def _estimate(self, k: SubmitKey, item_id: str) -> int:
         """When the queued submission ``item_id`` should be created (epoch s, see
         :func:`~sume_poller.creates.createqueue.estimate_create_at`)."""
-        now = self.clock.now()
         ahead = self.store.queue_ahead(k.key.id, item_id) if item_id else 0
+        now = self.clock.now()  # after the query: the budget's wait is from (nearly) this moment
         try:
             first, state = k.creates.take(mode=Mode.PEEK).wait, k.creates.state()
         except RedisFailure:
