@@ -697,7 +697,7 @@ class DynamoClient:
               ExpressionAttributeValues: dict[str, Any] | None = None,
               ExpressionAttributeNames: dict[str, str] | None = None, Limit: int | None = None,
               ExclusiveStartKey: Item | None = None, Select: str | None = None, ScanIndexForward: bool = True,
-              **_: Any) -> dict[str, Any]:
+              ProjectionExpression: str | None = None, **_: Any) -> dict[str, Any]:
         self.world.call("Query", f"{IndexName}")
         if IndexName != INDEX:
             raise error("ValidationException", "The table does not have the specified index", "Query")
@@ -717,6 +717,9 @@ class DynamoClient:
         reply: dict[str, Any] = {"Count": len(page), "ScannedCount": len(page)}
         if Select != "COUNT":
             reply["Items"] = [_copy(v) for _, v in page]
+            if ProjectionExpression is not None:  # plain attribute names (no #name, no paths)
+                fields = [f.strip() for f in ProjectionExpression.split(",")]
+                reply["Items"] = [{f: item[f] for f in fields if f in item} for item in reply["Items"]]
         if Limit is not None and len(page) == Limit and page:
             last = page[-1][0]
             reply["LastEvaluatedKey"] = {INDEX_HASH: {"S": last[0]}, "job_id": {"S": last[1]}}

@@ -72,6 +72,11 @@ from ..core.jobs import OUTBOX_PREFIX, PENDING, PENDING_PREFIX, Evidence, keyed_
 from ..core.values import value
 from .submissions import QUEUED, UNKNOWN_CREATES, queue_shard, submission_id
 
+#: What a page of the pending index returns of each record: what fan-out reads (the template's index
+#: projects these and the partition). Without the partition attribute (and any other unread one), the
+#: service serializes and the client parses less per item: on moto, a sixth less of a page's cost.
+PAGE_FIELDS = ("job_id", "kind", "profile", "deadline_at", "submitted_at", "chain_due_at")
+
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
 INLINE_RESULT_BYTES = 100_000
 #: The tag of a result object no terminal write has claimed yet (the bucket's lifecycle expires them).
@@ -416,9 +421,11 @@ class JobStore:
 
     def pending_page(self, shard: str, start_key: dict[str, Any] | None,
                      limit: int = 100) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-        """One page of the sparse pending index for one partition."""
+        """One page of the sparse pending index for one partition: each record's :data:`PAGE_FIELDS`
+        (not its partition, which the caller names)."""
         kwargs: dict[str, Any] = {"TableName": self.table, "IndexName": "pending",
                                   "KeyConditionExpression": "pending_shard = :p",
+                                  "ProjectionExpression": ", ".join(PAGE_FIELDS),
                                   "ExpressionAttributeValues": to_attrs({":p": shard}), "Limit": limit}
         if start_key:
             kwargs["ExclusiveStartKey"] = start_key
