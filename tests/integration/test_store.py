@@ -125,7 +125,7 @@ def test_pending_pages_list_only_pending_jobs_and_unfinished_outboxes(store: Job
     assert sorted(i["job_id"] for i in items) == ["job_1", "job_2", "job_3", "job_4"]
     assert [i["job_id"] for i in outbox] == ["job_0"] and all(type(i["deadline_at"]) is int for i in items)
     # a page returns what fan-out reads, not the partition or the rest of the record (status, reads...)
-    assert all({"job_id", "kind", "profile", "deadline_at", "submitted_at"} <= set(i) <= set(PAGE_FIELDS)
+    assert all({"job_id", "kind", "deadline_at", "submitted_at"} <= set(i) <= set(PAGE_FIELDS)
                for i in items + outbox)
     assert from_item({"n": {"N": "1.5"}, "m": {"M": {"k": {"N": "2"}}}}) == {"n": 1.5, "m": {"k": 2}}
 

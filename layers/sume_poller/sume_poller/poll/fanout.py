@@ -420,7 +420,7 @@ class FanOut:
         for job, token in starts:
             submitted = job.get("submitted_at")
             msg = PollMessage(job_id=job["job_id"], kind=job["kind"], deadline_at=int(job["deadline_at"]),
-                              due_at=round(now, 3), token=token, seq=0, profile=job.get("profile"),
+                              due_at=round(now, 3), token=token, seq=0,
                               submitted_at=int(submitted) if isinstance(submitted, int | float) else None,
                               phase=STATUS_PHASE if lease else OUTBOX_PHASE, key=job.get("key") if lease else None)
             messages[job["job_id"]] = (msg, token)

@@ -73,9 +73,10 @@ from ..core.values import value
 from .submissions import QUEUED, UNKNOWN_CREATES, queue_shard, submission_id
 
 #: What a page of the pending index returns of each record: what fan-out reads (the template's index
-#: projects these and the partition). Without the partition attribute (and any other unread one), the
-#: service serializes and the client parses less per item: on moto, a sixth less of a page's cost.
-PAGE_FIELDS = ("job_id", "kind", "profile", "deadline_at", "submitted_at", "chain_due_at")
+#: projects these, ``profile`` and the partition). Without the partition attribute (and any other unread
+#: one), the service serializes and the client parses less per item: on moto, a sixth less of a page's
+#: cost. ``profile`` is left out too: a chain's first step reads the record and takes it from there.
+PAGE_FIELDS = ("job_id", "kind", "deadline_at", "submitted_at", "chain_due_at")
 
 #: Results up to this size stay in the record; larger ones go to S3 (items are at most 400 KB).
 INLINE_RESULT_BYTES = 100_000
