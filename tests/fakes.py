@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -286,8 +286,10 @@ class FakeStore:
         record = self.records.get(job_id)
         return dict(record) if record else None
 
-    def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-        return {j: dict(self.records[j]) for j in job_ids if j in self.records}
+    def get_many(self, job_ids: list[str], fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        keep = None if fields is None else {"job_id", *fields}
+        return {j: {k: v for k, v in self.records[j].items() if keep is None or k in keep}
+                for j in job_ids if j in self.records}
 
     def _pending(self, job_id: str) -> bool:
         return str(self.records.get(job_id, {}).get("pending_shard", "")).startswith(PENDING_PREFIX)

@@ -45,6 +45,20 @@ def test_the_terminal_write_wins_once_and_the_loser_sees_the_record(store: JobSt
     assert store.record_terminal("job_missing", Ending("failed"), now=NOW).record is None
 
 
+def test_many_records_are_read_whole_or_only_the_fields_asked_for(store: JobStore) -> None:
+    """A sweep reads a listed job's record without its result (inline up to 100 KB); "status" and "key"
+    are DynamoDB reserved words, so the projection names them through placeholders."""
+    store.put_pending("job_m1", "image", now=NOW, deadline_at=int(NOW) + 60)
+    store.put_pending("job_m2", "video", now=NOW, deadline_at=int(NOW) + 60)
+    store.record_terminal("job_m2", Ending("completed", result=store.result_fields("job_m2", {"u": "x" * 1000})),
+                          now=NOW)
+    whole = store.get_many(["job_m1", "job_m2", "job_none"])
+    assert set(whole) == {"job_m1", "job_m2"} and "result_json" in whole["job_m2"]
+    some = store.get_many(["job_m1", "job_m2"], ("status", "key", "kind"))
+    assert some == {"job_m1": {"job_id": "job_m1", "status": "pending", "kind": "image"},
+                    "job_m2": {"job_id": "job_m2", "status": "completed", "kind": "video"}}
+
+
 @pytest.mark.parametrize("result", [[{"url": "a"}, {"url": "b"}], "https://x/y", 42, None])
 def test_any_json_result_is_stored_whole(store: JobStore, result: object) -> None:
     store.put_pending("job_r", "image", now=NOW, deadline_at=int(NOW) + 60)

@@ -689,8 +689,12 @@ class DynamoClient:
                 raise error("ValidationException", "Too many items requested for the BatchGetItem call",
                             "BatchGetItem")
             table = self.world.table(name, "BatchGetItem")
-            found = [table.items.get(self._key(k, "BatchGetItem")) for k in request["Keys"]]
-            responses[name] = [_copy(i) for i in found if i is not None]
+            found = [_copy(i) for k in request["Keys"] if (i := table.items.get(self._key(k, "BatchGetItem")))]
+            if "ProjectionExpression" in request:  # top-level names, each a #name of ExpressionAttributeNames
+                names = request.get("ExpressionAttributeNames", {})
+                fields = [names.get(f.strip(), f.strip()) for f in request["ProjectionExpression"].split(",")]
+                found = [{f: item[f] for f in fields if f in item} for item in found]
+            responses[name] = found
         return {"Responses": responses, "UnprocessedKeys": {}}
 
     def query(self, *, TableName: str, KeyConditionExpression: str, IndexName: str | None = None,

@@ -349,7 +349,7 @@ class Stack(ABC):
     def settled(self, job_ids: Iterable[str]) -> bool:
         """Every one of ``job_ids`` is recorded terminal with its event published."""
         ids = list(job_ids)
-        found = self.table.get_many(ids)
+        found = self.table.get_many(ids, ("status", "event_pending"))  # asked often: not the whole records
         return len(found) == len(set(ids)) and all(
             r.get("status") != "pending" and not r.get("event_pending") for r in found.values())
 

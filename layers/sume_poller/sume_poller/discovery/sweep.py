@@ -118,6 +118,8 @@ class SweepFunctionSettings(SumeReaderSettings):
 
 STATUSES = ("completed", "failed", "canceled", "expired")
 PAGE_SIZE = 100
+#: What a sweep reads of a listed job's record (not its result: a finished job's may be 100 KB inline).
+RECORD_FIELDS = ("kind", "status", "key", "deadline_at", "submitted_at", "profile")
 MIN_JOBS_PER_READ = 5
 MAX_IDLE_DOUBLINGS = 4
 ROUTE_RETRY = 3_600.0
@@ -449,7 +451,7 @@ class Sweeper:
                 continue
             ids[job_id] = str(item["status"]).strip().lower()
         self.report.listed += len(ids)
-        records = self.store.get_many(list(ids))
+        records = self.store.get_many(list(ids), RECORD_FIELDS)
         outgoing: list[tuple[Outgoing, str]] = []
         for job_id, record in records.items():
             if self.key is not None and record_key(record, self._default_id) != self.key.id:

@@ -59,7 +59,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -386,13 +386,18 @@ class JobStore:
         item = reply.get("Item")
         return from_item(item) if item else None
 
-    def get_many(self, job_ids: list[str]) -> dict[str, dict[str, Any]]:
-        """The records of those ids that exist (BatchGetItem, 100 keys per call, strongly consistent)."""
+    def get_many(self, job_ids: list[str], fields: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """The records of those ids that exist (BatchGetItem, 100 keys per call, strongly consistent);
+        only ``fields`` of each (and its id) when given."""
         found: dict[str, dict[str, Any]] = {}
         ids = list(dict.fromkeys(job_ids))
+        projection: dict[str, Any] = {}
+        if fields is not None:
+            names = {f"#f{i}": f for i, f in enumerate(dict.fromkeys(["job_id", *fields]))}
+            projection = {"ProjectionExpression": ", ".join(names), "ExpressionAttributeNames": names}
         for start in range(0, len(ids), 100):
             request: dict[str, Any] = {self.table: {"Keys": [to_attrs({"job_id": j}) for j in ids[start:start + 100]],
-                                                    "ConsistentRead": True}}
+                                                    "ConsistentRead": True, **projection}}
             while request:
                 reply = self._ddb.batch_get_item(RequestItems=request)
                 for item in reply.get("Responses", {}).get(self.table, []):
