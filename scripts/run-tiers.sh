@@ -31,7 +31,7 @@ start_tier() {  # start_tier TIER [CHAIN]
     build|docs)  cmd=(make --no-print-directory "$tier") ;;
     unit)        cmd=("$PY" -m pytest -p no:cacheprovider tests/unit -m "not integration and not e2e") ;;
     integration) cmd=("$PY" -m pytest -p no:cacheprovider tests/integration -m integration -n 6 --dist loadfile --durations=8) ;;
-    e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e -n 2) ;;
+    e2e)         cmd=("$PY" -m pytest -p no:cacheprovider tests/e2e -m e2e -n 2 --durations=8) ;;
     simulation)  cmd=(env PYTHONPATH=layers/sume_poller "$PY" -m tests.sim --schedules 1000 --workers 2 --quiet) ;;
     @*)          cmd=(make --no-print-directory "${tier#@}") ;;
     *) echo "run-tiers: unknown tier $tier" >&2; exit 2 ;;
