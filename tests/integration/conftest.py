@@ -17,8 +17,8 @@ from tools.template import Created, aws_clients, create_stack, load, translate
 #: a stale entry costs time, never a test.
 LONGEST_FIRST = ("test_sweeps_lists", "test_faults_sume", "test_faults_keys", "test_faults_chains",
                  "test_sweeps_system", "test_budget_system", "test_webhooks_system", "test_redis_system",
-                 "test_schedule_system", "test_faults_create_queue", "test_long_spans", "test_faults_redis",
-                 "test_faults_timing")
+                 "test_schedule_system", "test_events_invoke", "test_budget_properties", "test_faults_create_queue",
+                 "test_long_spans", "test_faults_redis", "test_faults_timing")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
