@@ -21,9 +21,9 @@ Where ministack differs from AWS, and what is done about it here:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -158,24 +158,44 @@ _built: dict[str, Path] = {}
 _built_lock = threading.Lock()
 
 
+def _sources_digest() -> str:
+    """A digest of what ``sam build`` reads: the template, the functions and the layer (their caches left out)."""
+    digest = hashlib.sha256(TEMPLATE.read_bytes())
+    for top in (ROOT / "functions", ROOT / "layers"):
+        for path in sorted(top.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def build() -> Path:
-    """``sam build`` of template.yaml once per process, into a build directory of this process (a concurrent ``make
-    build`` cannot change it under a deploy), from a cache shared by the runs of this checkout (one build at a
-    time). Returns the built template's path."""
+    """``sam build`` of template.yaml, once per version of its sources: into a build directory of its own (a
+    concurrent ``make build`` cannot change it under a deploy), renamed to ``src-<digest>`` once it is whole and
+    never written again, so the processes of a run (the e2e tier's two workers, the demo) deploy one build, not
+    one each after another (each waited for the others' builds under load). One build at a time, from a cache
+    shared by the runs of this checkout. Returns the built template's path."""
     with _built_lock:
         if "template" in _built and _built["template"].exists():
             return _built["template"]
-        prune_stale(SCRATCH / "builds")
-        build_dir = SCRATCH / "builds" / f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        atexit.register(shutil.rmtree, build_dir, True)
-        SCRATCH.mkdir(parents=True, exist_ok=True)
+        builds = SCRATCH / "builds"
+        builds.mkdir(parents=True, exist_ok=True)
         with open(SCRATCH / "sam-build.lock", "w") as lock:  # the demo and a test run at once
             fcntl.flock(lock, fcntl.LOCK_EX)
-            done = _sam(["build", "--template-file", str(TEMPLATE), "--build-dir", str(build_dir),
-                         "--cache-dir", str(SCRATCH / "sam" / "cache"), "--cached"], None, BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            raise DeployError(f"sam build failed ({done.returncode}):\n{(done.stdout + done.stderr)[-_TAIL:]}")
-        _built["template"] = build_dir / "template.yaml"
+            prune_stale(builds)
+            shared = builds / f"src-{_sources_digest()}"
+            if not (shared / "template.yaml").exists():
+                work = builds / f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
+                done = _sam(["build", "--template-file", str(TEMPLATE), "--build-dir", str(work),
+                             "--cache-dir", str(SCRATCH / "sam" / "cache"), "--cached"], None, BUILD_TIMEOUT_S)
+                if done.returncode != 0:
+                    shutil.rmtree(work, ignore_errors=True)
+                    raise DeployError(f"sam build failed ({done.returncode}):\n{(done.stdout + done.stderr)[-_TAIL:]}")
+                for old in builds.glob("src-*"):  # builds of earlier versions, made over an hour ago
+                    if time.time() - old.stat().st_mtime > 3_600:
+                        shutil.rmtree(old, ignore_errors=True)
+                shutil.rmtree(shared, ignore_errors=True)  # a partial one left by a crash: no template.yaml
+                work.rename(shared)
+        _built["template"] = shared / "template.yaml"
         return _built["template"]
 
 
