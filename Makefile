@@ -143,7 +143,7 @@ test-e2e: setup
 # CPU-bound); build and e2e once the SAM and ministack virtualenvs are (installed at a lower CPU
 # priority: the e2e tier mostly waits on deployed Lambdas, so it has slack); lint and the docs
 # once checkov's and the docs packages are (those installs mostly wait on the package index, so
-# they start at once). (e2e builds the template itself, into a directory of its own.)
+# they start at once). (e2e builds the template itself, into a directory of its own: .scratch/stack/builds/src-<digest of the sources>, one build its workers share.)
 test: redis
 	@./scripts/run-tiers.sh @setup-dev unit integration , @setup-e2e build e2e , @setup-lint lint docs simulation
 
