@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -249,6 +250,30 @@ class MotoServer(Service):
         super().__init__([sys.executable, "-c", main, "-H", "127.0.0.1", "-p", str(port)], port, ready_timeout,
                          cwd=str(ROOT), env=env)
         self.endpoint_url = f"http://127.0.0.1:{port}"
+
+    def after_start_check(self) -> bool:
+        """Ready once moto itself answers (its own ``/moto-api/data.json``), not any server on the port: between
+        :func:`free_port` and moto's bind another process may take it (a loaded CI run met one that answered 404)."""
+        try:
+            with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/data.json", timeout=2.0) as reply:
+                return bool(reply.status == 200)
+        except (OSError, ValueError):
+            return False
+
+    def start(self) -> Self:
+        """Start; on a port another process took meanwhile, again on a new one (three tries)."""
+        for attempt in range(3):
+            try:
+                return super().start()
+            except ServiceError:
+                if attempt == 2:
+                    raise
+                self.stop()
+                old, self.port = self.port, free_port()
+                self.command_parts = [str(self.port) if part == str(old) else part for part in self.command_parts]
+                self.command = " ".join(shlex.quote(c) for c in self.command_parts)
+                self.endpoint_url = f"http://127.0.0.1:{self.port}"
+        raise AssertionError("unreachable")
 
     def reset(self) -> None:
         """Forget every resource moto holds (POST /moto-api/reset)."""

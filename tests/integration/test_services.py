@@ -85,6 +85,22 @@ def test_service_on_a_taken_port_is_refused() -> None:
         assert ping(first.port)
 
 
+def test_moto_on_a_port_another_server_took_moves_to_a_free_one() -> None:
+    """A CI run's moto port was taken between free_port() and moto's bind by a server answering 404:
+    moto is ready only once moto answers, and starts again on a new port."""
+    import http.server
+    import threading
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)  # 501s to everything
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        with MotoServer(port=other.server_address[1]) as moto:
+            assert moto.port != other.server_address[1]
+            moto.reset()  # moto's own route answers
+    finally:
+        other.shutdown()
+
+
 def test_service_that_dies_reports_its_output() -> None:
     server = RedisServer(extra=["--no-such-option", "1"])
     with pytest.raises(ServiceError, match="exited with code") as info:
