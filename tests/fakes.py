@@ -418,8 +418,8 @@ class FakeStore:
     def queue_ahead(self, key_id: str, item_id: str) -> int:
         return len([j for j in self.queue_head(key_id, 10**9) if j < item_id])
 
-    def dequeue(self, item_id: str) -> None:
-        self.records.pop(item_id, None)
+    def dequeue(self, item_id: str) -> bool:
+        return self.records.pop(item_id, None) is not None
 
 
 class FakeBus:

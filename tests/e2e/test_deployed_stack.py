@@ -235,7 +235,8 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
         try:
             stack.drive(lambda: names <= seen(), timeout=120, fanout_every=schedule_period(stack))
         except TimeoutError as error:
-            raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}") from error
+            raise AssertionError(f"{error}; metrics not emitted: {sorted(names - seen())}; {drain()}; "
+                                 f"queue item left: {stack.table.get(item['job_id']) is not None}") from error
 
     # A deployed key configuration from before the split (format 1: secrets inline) still loads where
     # the functions read it, counted KeyConfigLegacy (each re-reads the list within a minute); the next
@@ -247,11 +248,12 @@ def test_every_custom_metric_alarm_watches_a_metric_the_functions_emit(
     # itself), queued as submit queues one - its item and its record in one transaction: a drain that
     # found the item without its record would take it for settled and drop it uncounted - and a drain
     # message: the submit function, through the create queue's event source, records it rejected and
-    # counts SubmissionsExpired. Whichever drain takes the key's drain lease runs it - this message's
-    # chain, or the one fan-out starts for a queue that holds submissions while the lease is free (a
-    # message that finds the lease held is dropped); a drain whose step failed is restarted by fan-out
-    # once its claim expires (ClaimTtlSeconds, 60 s: within the wait), where this message would come
-    # back only after the create queue's visibility timeout (180 s).
+    # counts SubmissionsExpired (the step whose delete removes the queue item counts it: one that settled it
+    # and then lost DynamoDB's reply, or its time, leaves the count to the next). Whichever drain takes the
+    # key's drain lease runs it - this message's chain, or the one fan-out starts for a queue that holds
+    # submissions while the lease is free (a message that finds the lease held is dropped); a drain whose
+    # step failed is restarted by fan-out once its claim expires (ClaimTtlSeconds, 60 s: within the wait),
+    # where this message would come back only after the create queue's visibility timeout (180 s).
     now = stack.clock.now()
     item = queue_item("default", kind="image", params={"prompt": "e2e expired"}, derived=False,
                       idempotency_key=f"e2e-expired-{uuid.uuid4().hex[:8]}", arrived=now - 120, deadline_at=now - 60)

@@ -188,8 +188,7 @@ def dynamo_scenario(store: JobStore, ddb: Any) -> list[Any]:
             store.settle_submission("default", "key-0x", items[0]["job_id"], {"status": "rejected"}),
             store.put_submission({"job_id": "#sub:default:key-1x", "status": "created"}),
             store.put_submission({"job_id": "#sub:default:key-0x", "status": "created"})]
-    store.dequeue(items[0]["job_id"])
-    store.dequeue(items[0]["job_id"])
+    out += [store.dequeue(items[0]["job_id"]), store.dequeue(items[0]["job_id"])]  # removed, then gone already
     out += [store.queue_head("default", limit=5), store.submission("default", "key-0x")]
     # creates noted before they are sent: an attempt record, queued over it with its count, settled
     late = queue_item("default", kind="image", params={"p": 9}, idempotency_key="key-9x", derived=False,

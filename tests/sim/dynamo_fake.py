@@ -759,13 +759,14 @@ class DynamoClient:
             self.world.write(table, key, _copy(item))
         return {}
 
-    def delete_item(self, *, TableName: str, Key: Item, **_: Any) -> dict[str, Any]:
+    def delete_item(self, *, TableName: str, Key: Item, ReturnValues: str = "NONE", **_: Any) -> dict[str, Any]:
         key = self._key(Key, "DeleteItem")
         self.world.call("DeleteItem", key)
         table = self.world.table(TableName, "DeleteItem")
-        if key in table.items:
+        old = table.items.get(key)
+        if old is not None:
             self.world.write(table, key, None)
-        return {}
+        return {"Attributes": _copy(old)} if old is not None and ReturnValues == "ALL_OLD" else {}
 
 
 def _hash_of(node: Any) -> str:

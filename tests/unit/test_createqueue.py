@@ -338,6 +338,53 @@ def test_a_head_past_its_deadline_is_rejected_and_never_created(parts: Parts) ->
     assert last is not None and last.slot == pytest.approx(parts.clock.now() + 30) and last.errors == 0
 
 
+def test_a_head_settled_by_a_step_that_died_before_its_dequeue_is_counted_once_by_the_next(
+        parts: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = queue_two(parts)
+    parts.clock.advance(601)
+    store_dequeue = parts.store.dequeue
+
+    def timed_out(item_id: str) -> bool:  # the Lambda's time ran out (or DynamoDB's reply was lost)
+        raise TimeoutError("the step died after settling the head")
+
+    monkeypatch.setattr(parts.store, "dequeue", timed_out)
+    report = DrainReport()
+    with pytest.raises(TimeoutError):
+        parts.drainer().step(message, report, lambda: 25_000)
+    assert report.expired == 0 and len(parts.queued()) == 2  # settled, still queued, not counted yet
+    assert parts.store.submission("default", "order-0100")["status"] == REJECTED  # type: ignore[index]
+    monkeypatch.setattr(parts.store, "dequeue", store_dequeue)
+    parts.lease.values.clear()  # its claim expired
+    again, nxt = step(parts, message)  # SQS delivers it again: the head is settled, its item left
+    assert (again.expired, again.rejected, again.created) == (1, 0, 0) and len(parts.queued()) == 1
+    assert nxt is not None and parts.store.submission("default", "order-0101")["status"] == QUEUED  # type: ignore[index]
+
+
+def test_a_settle_whose_reply_was_lost_counts_what_its_write_recorded(parts: Parts,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    message = queue_two(parts)
+    parts.clock.advance(601)
+    settle = parts.store.settle_submission
+
+    def reply_lost(key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
+        assert settle(key_id, idempotency_key, queue_item, values)  # the first attempt landed...
+        return settle(key_id, idempotency_key, queue_item, values)  # ...its retry found it settled
+
+    monkeypatch.setattr(parts.store, "settle_submission", reply_lost)
+    report, _ = step(parts, message)
+    assert (report.expired, report.rejected) == (1, 0) and len(parts.queued()) == 1
+
+
+def test_a_head_settled_by_a_direct_duplicate_leaves_the_queue_uncounted(parts: Parts) -> None:
+    message = queue_two(parts)
+    record = parts.store.submission("default", "order-0100")
+    assert record is not None
+    parts.store.put_submission({"job_id": record["job_id"], "status": CREATED, "job_ids": ["job_1"]})
+    report, nxt = step(parts, message)
+    assert (report.created, report.rejected, report.expired) == (0, 0, 0)
+    assert len(parts.queued()) == 1 and nxt is not None
+
+
 def unknown_create_then_deadline(parts: Parts) -> DrainMessage:
     """The head's create got no answer (a 503: Sume may have created it), then its deadline came."""
     message = queue_two(parts)

@@ -35,7 +35,10 @@ claim, rest, release), consumed by the submit function. One step:
 
 Each step is safe to repeat: settling is conditional on the record still being queued by that
 head, leaving the queue is a delete, and a create repeated after a crash replays its
-Idempotency-Key. Fan-out restarts a drain that died (a non-empty queue, a free lease).
+Idempotency-Key. Fan-out restarts a drain that died (a non-empty queue, a free lease). A settled
+head is counted (``SubmissionsCreatedFromQueue``, ``SubmissionsExpired``, ...) by the one step
+whose delete removed its queue item, from what its record says: a step that settled it and lost
+the write's reply, or died before the delete, leaves the count to the next step.
 """
 
 from __future__ import annotations
@@ -85,6 +88,18 @@ class DrainReport:
 
     def response(self) -> dict[str, Any]:
         return {"batchItemFailures": [{"itemIdentifier": mid} for mid in self.failures]}
+
+    def count(self, settled: dict[str, Any]) -> None:
+        """A settled submission's outcome (its record's values), counted by the step whose dequeue
+        removed its queue item: once, also where the step that settled it lost the write's reply or
+        died before its dequeue (the next step finds it settled, removes the item and counts it)."""
+        if settled.get("status") == CREATED:
+            self.created += 1
+        elif (settled.get("error") or {}).get("code") == EXPIRED:
+            self.expired += 1
+            self.expired_unknown += 1 if settled.get("unknown_attempts") else 0
+        else:
+            self.rejected += 1
 
 
 class Drainer:
@@ -146,7 +161,10 @@ class Drainer:
         logger.append_keys(idempotency_key=item.get("idempotency_key"), queue_item=item["job_id"])
         now = self.clock.now()
         if record is None or record.get("status") != QUEUED or record.get("queue_item") != item["job_id"]:
-            self.store.dequeue(item["job_id"])  # settled already: only its queue item was left
+            # settled already: only its queue item was left; by a drain step of this head (still naming
+            # it) that did not get to its dequeue, whose count this step makes
+            if self.store.dequeue(item["job_id"]) and record is not None and record.get("queue_item") == item["job_id"]:
+                report.count(record)
             self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
             return
         deadline = float(item["deadline_at"])
@@ -157,18 +175,15 @@ class Drainer:
             if unknown:  # no answer within the replay window (or its key is gone): Sume may have billed it
                 logger.error("a queued submission expired with creates of unknown outcome; no replay got an answer",
                              extra={"unknown_creates": unknown})
-                report.expired_unknown += 1
-            self._settle(item, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
-                                                "before its deadline (SubmitQueueDeadlineSeconds)"},
+            self._settle(item, report, REJECTED, error={"code": EXPIRED, "message": "the create budget did not take it "
+                                                        "before its deadline (SubmitQueueDeadlineSeconds)"},
                          **({"unknown_attempts": unknown} if unknown else {}))
-            report.expired += 1
             self._next(msg, step, 0.0, slot=msg.slot)
             return
         try:
             k = self.keys(msg.key)
         except UnknownKey as exc:
-            self._settle(item, REJECTED, error={"code": KEY_REMOVED, "message": str(exc)})
-            report.rejected += 1
+            self._settle(item, report, REJECTED, error={"code": KEY_REMOVED, "message": str(exc)})
             self._next(msg, step, 0.0, slot=msg.slot)
             return
         deadline_in = float(item["deadline_at"]) - now
@@ -232,19 +247,17 @@ class Drainer:
         if isinstance(outcome, Created):
             reply = self.submitter.record_created(k, kind, params, key, outcome, bool(item.get("derived_key")))
             if reply["status"] == "submitted":
-                self._settle(item, CREATED, job_ids=reply["job_ids"], request_id=outcome.request_id,
+                self._settle(item, report, CREATED, job_ids=reply["job_ids"], request_id=outcome.request_id,
                              replayed=reply["replayed"])
-                report.created += 1
             else:
-                self._settle(item, REJECTED, error={"code": reply["error"], "message": reply["error"]},
+                self._settle(item, report, REJECTED, error={"code": reply["error"], "message": reply["error"]},
                              request_id=outcome.request_id)
-                report.rejected += 1
             self._next(msg, step, 0.0)
             return
         if isinstance(outcome, Refused) and outcome.why not in KEY_REFUSALS:  # a 402, a 400: final
-            self._settle(item, REJECTED, error={"code": outcome.code or outcome.why, "message": outcome.message or ""},
+            self._settle(item, report, REJECTED, error={"code": outcome.code or outcome.why,
+                                                        "message": outcome.message or ""},
                          http_status=outcome.http_status, request_id=outcome.request_id)
-            report.rejected += 1
             self._next(msg, step, 0.0)
             return
         retry_after = outcome.retry_after if not isinstance(outcome, Refused) else None
@@ -261,11 +274,17 @@ class Drainer:
         end = deadline if self.clock.now() < deadline else deadline + REPLAY_WINDOW
         self._next(msg, step, min(wait, max(0.0, end - self.clock.now())), errors=msg.errors + 1)
 
-    def _settle(self, item: dict[str, Any], status: str, **values: Any) -> None:
-        """Record the head's outcome (while it is still queued by this head), then it leaves the queue."""
-        self.store.settle_submission(str(item["key"]), str(item["idempotency_key"]), str(item["job_id"]),
-                                     {"status": status, "settled_at": round(self.clock.now(), 3), **values})
-        self.store.dequeue(str(item["job_id"]))
+    def _settle(self, item: dict[str, Any], report: DrainReport, status: str, **values: Any) -> None:
+        """Record the head's outcome (while it is still queued by this head), then it leaves the queue;
+        counted (:meth:`DrainReport.count`) if this step's dequeue removed it."""
+        key_id, idempotency_key, item_id = str(item["key"]), str(item["idempotency_key"]), str(item["job_id"])
+        written = {"status": status, "settled_at": round(self.clock.now(), 3), **values}
+        settled: dict[str, Any] | None = written
+        if not self.store.settle_submission(key_id, idempotency_key, item_id, written):
+            # settled before: by this write (its retry after a lost reply met it) or by another step
+            settled = self.store.submission(key_id, idempotency_key)
+        if self.store.dequeue(item_id) and settled is not None and settled.get("queue_item", item_id) == item_id:
+            report.count(settled)
         logger.info("queued submission settled", extra={"submission_status": status, "queue_item": item["job_id"]})
 
     def _next(self, msg: DrainMessage, step: ChainStep, delay: float, *, slot: float | None = None,

@@ -549,9 +549,11 @@ class JobStore:
                 return total
             kwargs["ExclusiveStartKey"] = reply["LastEvaluatedKey"]
 
-    def dequeue(self, item_id: str) -> None:
-        """The queued submission is settled: its item leaves the queue (already gone is fine)."""
-        self._ddb.delete_item(TableName=self.table, Key=to_attrs({"job_id": item_id}))
+    def dequeue(self, item_id: str) -> bool:
+        """The queued submission is settled: its item leaves the queue (already gone is fine). True:
+        this call removed it (``ReturnValues`` ALL_OLD: the item as it was), the one call that does."""
+        reply = self._ddb.delete_item(TableName=self.table, Key=to_attrs({"job_id": item_id}), ReturnValues="ALL_OLD")
+        return bool(reply.get("Attributes"))
 
     # -- helpers ------------------------------------------------------------------------------
     def _update_or_old(self, **kwargs: Any) -> TerminalWrite:
