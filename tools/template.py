@@ -41,6 +41,9 @@ STACK_NAME = "sume-poller"
 #: The bucket the functions' and layers' code is "uploaded" to: each CodeUri/ContentUri becomes
 #: s3://CODE_BUCKET/<its local path>, so the translated template still says where the code is.
 CODE_BUCKET = "sume-poller-local-code"
+#: CloudFormation's quota on a template sent in the request ("Template body size in a request"); a
+#: larger one is stored in S3 and named by TemplateURL, as ``sam deploy`` does (ministack enforces it).
+TEMPLATE_BODY_MAX_BYTES = 51_200
 MOTO_LACKS = ("AWS::CloudWatch::Alarm", "AWS::S3::BucketPolicy", "AWS::SQS::QueuePolicy",
               "AWS::Lambda::EventInvokeConfig", "AWS::Lambda::Url", "AWS::Lambda::LayerVersion")
 #: The property that names a resource of a type, for ``names`` (tests that want fixed names).
@@ -198,6 +201,19 @@ class Created:
 Provisioned = Created
 
 
+def _template_source(client: Clients, stack_name: str, document: Mapping[str, Any]) -> dict[str, str]:
+    """CreateStack's ``TemplateBody``, or over :data:`TEMPLATE_BODY_MAX_BYTES` its ``TemplateURL``: the
+    template put in :data:`CODE_BUCKET` first (a path-style URL, which moto and ministack both read)."""
+    body = json.dumps(document, separators=(",", ":"))
+    if len(body.encode()) <= TEMPLATE_BODY_MAX_BYTES:
+        return {"TemplateBody": body}
+    s3, key = client("s3"), f"templates/{stack_name}-{uuid.uuid4().hex[:8]}.json"
+    if CODE_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=CODE_BUCKET)
+    s3.put_object(Bucket=CODE_BUCKET, Key=key, Body=body.encode())
+    return {"TemplateURL": f"https://s3.amazonaws.com/{CODE_BUCKET}/{key}"}
+
+
 def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Mapping[str, Any] | None = None, *,
                  stack_name: str = STACK_NAME, names: Mapping[str, str] | None = None, base_dir: Path = ROOT,
                  mirror: bool = False, outputs: Mapping[str, Any] | None = None) -> Created:
@@ -205,7 +221,7 @@ def create_stack(client: Clients, translated: Mapping[str, Any], parameters: Map
     made, read back through the AWS APIs (see :func:`for_moto`)."""
     document = for_moto(translated, names, mirror, outputs)
     cfn, lam, resources = client("cloudformation"), client("lambda"), translated["Resources"]
-    cfn.create_stack(StackName=stack_name, TemplateBody=json.dumps(document, separators=(",", ":")),
+    cfn.create_stack(StackName=stack_name, **_template_source(client, stack_name, document),
                      Parameters=[{"ParameterKey": k, "ParameterValue": str(v)} for k, v in (parameters or {}).items()],
                      Capabilities=["CAPABILITY_IAM", "CAPABILITY_AUTO_EXPAND"])
     stack = cfn.describe_stacks(StackName=stack_name)["Stacks"][0]
