@@ -209,7 +209,9 @@ def _template_source(client: Clients, stack_name: str, document: Mapping[str, An
         return {"TemplateBody": body}
     s3, key = client("s3"), f"templates/{stack_name}-{uuid.uuid4().hex[:8]}.json"
     if CODE_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-        s3.create_bucket(Bucket=CODE_BUCKET)
+        region = s3.meta.region_name
+        s3.create_bucket(Bucket=CODE_BUCKET, **({} if region == "us-east-1" else
+                                                {"CreateBucketConfiguration": {"LocationConstraint": region}}))
     s3.put_object(Bucket=CODE_BUCKET, Key=key, Body=body.encode())
     return {"TemplateURL": f"https://s3.amazonaws.com/{CODE_BUCKET}/{key}"}
 
