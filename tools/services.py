@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -35,8 +36,42 @@ class ServiceError(RuntimeError):
     """A local service could not be found, started or reached."""
 
 
+#: Where :func:`free_port` looks when the kernel's ephemeral range cannot be read (Linux's default starts at 32768).
+EPHEMERAL_LOW_DEFAULT = 32768
+#: The lowest port :func:`free_port` hands out (above the registered services most machines run).
+PORT_FLOOR = 15000
+#: The OS's randomness: a test or the simulation seeding ``random`` must not make two processes pick alike.
+_RANDOM = random.SystemRandom()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_LOW_DEFAULT
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that is free right now, chosen at random below the kernel's ephemeral range: a port
+    the OS hands out (bind to port 0) is one any outbound connection of the run may take between this check and
+    the service's bind (a loaded CI run's moto met another server there); below the range only a bind takes one.
+    The OS picks when no port there is free (or the range starts too low to leave room)."""
+    low = _ephemeral_low()
+    if low - PORT_FLOOR >= 1000:
+        for _ in range(50):
+            port = _RANDOM.randrange(PORT_FLOOR, low)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

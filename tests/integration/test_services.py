@@ -18,6 +18,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as ClusterClient
 from redis.retry import Retry
 
+from tools import services
 from tools.faultproxy import FaultProxy
 from tools.services import MotoServer, RedisCluster, RedisServer, ServiceError, free_port
 from tools.template import aws_clients, create_stack, load, translate
@@ -60,6 +61,20 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_is_below_the_ephemeral_range_and_skips_a_taken_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outbound connections take their local ports from the ephemeral range: a port there may be gone by the
+    time a service binds it."""
+    assert services.PORT_FLOOR <= free_port() < services._ephemeral_low()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy, busy + 1 if busy + 1 < 65536 else busy - 1])
+        monkeypatch.setattr(services, "_ephemeral_low", lambda: 65536)
+        monkeypatch.setattr(services._RANDOM, "randrange", lambda a, b: next(picks))
+        assert free_port() != busy
 
 
 def test_redis_server_start_stop_restart() -> None:
