@@ -375,6 +375,23 @@ def test_a_settle_whose_reply_was_lost_counts_what_its_write_recorded(parts: Par
     assert (report.expired, report.rejected) == (1, 0) and len(parts.queued()) == 1
 
 
+def test_a_head_a_direct_duplicate_settles_while_the_step_settles_it_is_not_counted(
+        parts: Parts, monkeypatch: pytest.MonkeyPatch) -> None:
+    message = queue_two(parts)
+    parts.clock.advance(601)
+    settle = parts.store.settle_submission
+
+    def duplicate_first(key_id: str, idempotency_key: str, queue_item: str, values: dict[str, Any]) -> bool:
+        record = parts.store.submission(key_id, idempotency_key)
+        assert record is not None
+        parts.store.records[record["job_id"]] = {"job_id": record["job_id"], "status": CREATED, "job_ids": ["job_1"]}
+        return settle(key_id, idempotency_key, queue_item, values)
+
+    monkeypatch.setattr(parts.store, "settle_submission", duplicate_first)
+    report, _ = step(parts, message)
+    assert (report.created, report.rejected, report.expired) == (0, 0, 0) and len(parts.queued()) == 1
+
+
 def test_a_head_settled_by_a_direct_duplicate_leaves_the_queue_uncounted(parts: Parts) -> None:
     message = queue_two(parts)
     record = parts.store.submission("default", "order-0100")

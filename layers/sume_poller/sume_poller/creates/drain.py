@@ -279,11 +279,12 @@ class Drainer:
         counted (:meth:`DrainReport.count`) if this step's dequeue removed it."""
         key_id, idempotency_key, item_id = str(item["key"]), str(item["idempotency_key"]), str(item["job_id"])
         written = {"status": status, "settled_at": round(self.clock.now(), 3), **values}
-        settled: dict[str, Any] | None = written
+        settled: dict[str, Any] | None = {**written, "queue_item": item_id}
         if not self.store.settle_submission(key_id, idempotency_key, item_id, written):
-            # settled before: by this write (its retry after a lost reply met it) or by another step
+            # settled before: by this write (its retry after a lost reply met it), by another step of
+            # this head (it names the head), or by a duplicate submit (it names none: not the drain's)
             settled = self.store.submission(key_id, idempotency_key)
-        if self.store.dequeue(item_id) and settled is not None and settled.get("queue_item", item_id) == item_id:
+        if self.store.dequeue(item_id) and settled is not None and settled.get("queue_item") == item_id:
             report.count(settled)
         logger.info("queued submission settled", extra={"submission_status": status, "queue_item": item["job_id"]})
 
