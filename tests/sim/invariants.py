@@ -41,6 +41,10 @@ no other:
                     fan-out starts another once that lease expires) - except a job whose submission was
                     rejected at its queue deadline with creates of unknown outcome, settled only after its
                     create had been replayed for the whole ``REPLAY_WINDOW`` without an answer.
+``counted-once``    a drain invocation that returns counts (created, rejected, expired) exactly the queued
+                    submissions whose queue items its deletes removed with their records settled naming
+                    them: each settled submission is counted once, by the step that removed its item - an
+                    invocation that dies loses its counts, as a Lambda loses the metrics it had not flushed.
 ``dlq``             nothing in a dead-letter queue (the simulation sends no poison).
 ``submissions``     every submission ends created or rejected; none is left queued.
 ``crash``           no actor ends with an exception the function would not catch (a handler crash).
@@ -59,6 +63,7 @@ from sume_poller.creates.drain import REPLAY_WINDOW
 from sume_poller.limits.budget import granted_per_window
 from sume_poller.limits.lease import START_LUA
 from sume_poller.poll.step import LAST_READ_WAIT
+from sume_poller.store.submissions import submission_id
 
 from .plan import VISIBILITY
 from .world import PREFIX, World
@@ -119,6 +124,10 @@ class Checker:
         self.created_by: dict[str, str] = {}
         world.sqs.observers.append(self._sent)
         world.delivery_failed.append(self._delivery_failed)
+        world.drain_reports.append(self._drain_report)
+        #: Per drain invocation (by id: the invocation, the queue items its deletes removed with their
+        #: submission settled by the drain).
+        self.drain_removed: dict[int, tuple[Any, list[str]]] = {}
         world.events.observers.append(self.note)
         world.sched.on_kill = self._killed
         self.touched: dict[int, set[str]] = defaultdict(set)
@@ -228,6 +237,30 @@ class Checker:
         self.in_flight[job][id(actor)] = (actor, route, now)
         self.note(job, f"read {route}")
 
+    def _dequeued(self, table: str, key: str, item: dict[str, Any]) -> None:
+        """A queue item removed: by a drain invocation that must count it if its record is settled naming it."""
+        actor = self.world.sched.current
+        invocation = getattr(actor, "invocation", None)
+        if invocation is None:
+            return
+        record = self.world.ddb.table(table, "check").items.get(
+            submission_id(str(_s(item, "key")), str(_s(item, "idempotency_key"))))
+        if _s(record, "queue_item") == key and _s(record, "status") not in (None, "queued"):
+            owner, removed = self.drain_removed.setdefault(id(invocation), (invocation, []))
+            if owner is not invocation:  # an id reused by a later invocation (one that died left its entry)
+                owner, removed = self.drain_removed[id(invocation)] = (invocation, [])
+            removed.append(key)
+
+    def _drain_report(self, report: Any) -> None:
+        invocation = getattr(self.world.sched.current, "invocation", None)
+        owner, removed = self.drain_removed.pop(id(invocation), (invocation, []))
+        if owner is not invocation:
+            removed = []
+        counted = report.created + report.rejected + report.expired
+        if counted != len(removed):
+            self.fail("counted-once", None, f"a drain invocation counted {counted} settled submissions; its deletes "
+                      f"removed {len(removed)} queue items of settled submissions: {removed}")
+
     def _loss_between(self, a: float | None, b: float | None) -> bool:
         if a is None or b is None:
             return False
@@ -241,6 +274,8 @@ class Checker:
         if key.startswith("#q:"):
             idem = _s(new or old, "idempotency_key")
             self.note(f"sub {idem}", "queued" if new is not None else "left the queue")
+            if new is None and old is not None:
+                self._dequeued(table, key, old)
             return
         if key.startswith("#"):
             return

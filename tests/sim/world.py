@@ -188,6 +188,9 @@ class World:
         self.pending_retries = 0
         #: Told of each message a delivery left undeleted (its body): it comes back after the visibility timeout.
         self.delivery_failed: list[Callable[[str], None]] = []
+        #: Called with each drain invocation's report, when the invocation returned it (a crash loses it,
+        #: as it loses the metrics a Lambda had not flushed).
+        self.drain_reports: list[Callable[[Any], None]] = []
         self.replies: list[dict[str, Any]] = []
         self.crashes: list[str] = []
 
@@ -378,7 +381,10 @@ class World:
                 report = container["runner"].run({"Records": records}, self.remaining(inv))
                 failed = set(report.failures)
             else:
-                failed = set(container["drainer"].run({"Records": records}, self.remaining(inv)).failures)
+                drained = container["drainer"].run({"Records": records}, self.remaining(inv))
+                for observer in self.drain_reports:
+                    observer(drained)
+                failed = set(drained.failures)
             for message, receipt in received:
                 if message.id not in failed:
                     self.sched.point(f"sqs delete {message.id}", crashable=False)

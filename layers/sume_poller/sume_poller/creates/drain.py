@@ -161,10 +161,7 @@ class Drainer:
         logger.append_keys(idempotency_key=item.get("idempotency_key"), queue_item=item["job_id"])
         now = self.clock.now()
         if record is None or record.get("status") != QUEUED or record.get("queue_item") != item["job_id"]:
-            # settled already: only its queue item was left; by a drain step of this head (still naming
-            # it) that did not get to its dequeue, whose count this step makes
-            if self.store.dequeue(item["job_id"]) and record is not None and record.get("queue_item") == item["job_id"]:
-                report.count(record)
+            self._leave(str(item["job_id"]), record, report)  # settled already: only its queue item was left
             self._next(msg, step, 0.0, slot=msg.slot)  # a slot reserved and not spent serves the next head
             return
         deadline = float(item["deadline_at"])
@@ -237,7 +234,8 @@ class Drainer:
         params = json.loads(item["params"])
         # noted before it is sent: a crash or a timeout after it leaves the evidence a replay acts on
         if not self.store.note_create(k.key.id, key, str(item["job_id"]), now=self.clock.now()):
-            self.store.dequeue(str(item["job_id"]))  # settled meanwhile (a duplicate created it at once)
+            # settled meanwhile (a duplicate created it at once, or another step of this head settled it)
+            self._leave(str(item["job_id"]), self.store.submission(k.key.id, key), report)
             self._next(msg, step, 0.0)
             return
         timeout = max(0.1, (remaining_ms() - self.s.safety_margin_ms) / 1000)
@@ -282,11 +280,18 @@ class Drainer:
         settled: dict[str, Any] | None = {**written, "queue_item": item_id}
         if not self.store.settle_submission(key_id, idempotency_key, item_id, written):
             # settled before: by this write (its retry after a lost reply met it), by another step of
-            # this head (it names the head), or by a duplicate submit (it names none: not the drain's)
+            # this head, or by a duplicate submit
             settled = self.store.submission(key_id, idempotency_key)
-        if self.store.dequeue(item_id) and settled is not None and settled.get("queue_item") == item_id:
-            report.count(settled)
+        self._leave(item_id, settled, report)
         logger.info("queued submission settled", extra={"submission_status": status, "queue_item": item["job_id"]})
+
+    def _leave(self, item_id: str, record: dict[str, Any] | None, report: DrainReport) -> None:
+        """The head leaves the queue. Counted (:meth:`DrainReport.count`) when this call's delete removed
+        its item and its record is settled naming it - by the drain; a duplicate submit's record names
+        no queue item, and one queued again names the new item."""
+        if (self.store.dequeue(item_id) and record is not None and record.get("queue_item") == item_id
+                and record.get("status") != QUEUED):
+            report.count(record)
 
     def _next(self, msg: DrainMessage, step: ChainStep, delay: float, *, slot: float | None = None,
               errors: int = 0) -> None:
