@@ -9,21 +9,28 @@ gives them.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import os
 import random
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 from typing import IO, Any, Self
 
 from mirakuru import TCPExecutor
+from mirakuru import base as mirakuru_base
+from mirakuru.base import ENV_UUID
+from mirakuru.base_env import processes_with_env
 from mirakuru.exceptions import AlreadyRunning, ProcessExitedWithError, TimeoutExpired
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,9 +84,38 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _letters(digits: str) -> str:
+    """Hex digits as letters (0-f as g-v)."""
+    return "".join(chr(ord("g") + int(c, 16)) for c in digits)
+
+
+def _marker() -> str:
+    """The start of the mirakuru markers of the services this process starts (see :class:`Service`)."""
+    return f"sume-{_letters(str(os.getpid()))}:"
+
+
+def _kill_leftovers() -> None:
+    """At exit, what mirakuru's own exit hook was for: SIGKILL to every process that carries a marker of a
+    service this process started (a test process that dies without stopping its services)."""
+    for pid in processes_with_env(ENV_UUID, _marker()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+# mirakuru's exit hook SIGKILLs every process whose marker *contains* the exiting process's pid (psutil's
+# search is a substring test): a process of pid 3015 that exits kills the services of processes 30150-30159,
+# 13015, ... and of any whose marker's uuid holds those digits (a loaded CI run's moto died of it mid-test). A
+# Service's marker holds no digit ("sume-<pid as letters>:<uuid as letters>"), so no pid matches it; this
+# process's own hook kills this process's own.
+atexit.unregister(mirakuru_base.cleanup_subprocesses)
+atexit.register(_kill_leftovers)
+
+
 class Service(TCPExecutor):  # type: ignore[misc]
     """A child process on ``127.0.0.1:port``, ready once it accepts connections; start-up failures are a
-    :class:`ServiceError` with the end of its output."""
+    :class:`ServiceError` with the end of its output. Its mirakuru marker (the environment variable by which
+    mirakuru finds what it started) is ``sume-<this pid>:<uuid>`` written in letters, not mirakuru's
+    ``<pid>:<uuid>``: see :func:`_kill_leftovers`."""
 
     name = "service"
 
@@ -89,6 +125,7 @@ class Service(TCPExecutor):  # type: ignore[misc]
         self._log: IO[str] = tempfile.TemporaryFile("w+", prefix=f"{self.name}-")  # noqa: SIM115 - closed with self
         super().__init__(command, host="127.0.0.1", port=self.port, timeout=ready_timeout, sleep=0.05, cwd=cwd,
                          envvars=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
+        self._uuid = f"{_marker()}{_letters(uuid.uuid4().hex)}"
 
     @property
     def pid(self) -> int | None:

@@ -5,7 +5,9 @@ created in moto server (tools.template: the SAM transform, then moto's CloudForm
 from __future__ import annotations
 
 import json
+import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,6 +16,8 @@ from typing import Any, Literal
 import boto3
 import pytest
 import redis
+from mirakuru.base import ENV_UUID
+from mirakuru.base_env import processes_with_env
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster as ClusterClient
 from redis.retry import Retry
@@ -75,6 +79,24 @@ def test_free_port_is_below_the_ephemeral_range_and_skips_a_taken_one(monkeypatc
         monkeypatch.setattr(services, "_ephemeral_low", lambda: 65536)
         monkeypatch.setattr(services._RANDOM, "randrange", lambda a, b: next(picks))
         assert free_port() != busy
+
+
+def test_a_process_whose_pid_begins_ours_does_not_kill_our_services_at_its_exit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """mirakuru's exit hook SIGKILLs every process whose marker contains the exiting process's pid: an exiting
+    process of pid 3015 killed the services of processes 3015x (a CI run's moto, mid-test). Its hook, run here as
+    if by such processes (our pid less a digit, and single digits: a uuid holds most), leaves this process's
+    service alone; this process's own hook finds it."""
+    import mirakuru.base
+
+    port = free_port()  # a Python server: redis-server writes its title over its environment, where markers are
+    with services.Service([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)], port) as server:
+        assert server.process.pid in processes_with_env(ENV_UUID, services._marker())
+        for other in (int(str(os.getpid())[:-1]), *range(10)):
+            monkeypatch.setattr(os, "getpid", lambda other=other: other)
+            mirakuru.base.cleanup_subprocesses()
+            monkeypatch.undo()
+        assert server.process.poll() is None, "SIGKILLed by another process's exit hook"
 
 
 def test_redis_server_start_stop_restart() -> None:
