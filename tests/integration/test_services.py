@@ -75,10 +75,16 @@ def test_free_port_is_below_the_ephemeral_range_and_skips_a_taken_one(monkeypatc
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         busy = taken.getsockname()[1]
-        picks = iter([busy, busy + 1 if busy + 1 < 65536 else busy - 1])
+        draw, picks = services._RANDOM.randrange, []
+
+        def busy_first(start: int, stop: int) -> int:  # the taken port, then what the OS's randomness draws
+            picks.append(busy if not picks else draw(start, stop))
+            return picks[-1]
+
         monkeypatch.setattr(services, "_ephemeral_low", lambda: 65536)
-        monkeypatch.setattr(services._RANDOM, "randrange", lambda a, b: next(picks))
-        assert free_port() != busy
+        monkeypatch.setattr(services._RANDOM, "randrange", busy_first)
+        port = free_port()
+        assert port != busy and picks[0] == busy and port == picks[-1]
 
 
 def test_a_process_whose_pid_begins_ours_does_not_kill_our_services_at_its_exit(
