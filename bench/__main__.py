@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace, chosen: dict[str, str]) -> list[Row]:
         if "5" in chosen:
             from bench import fig_fanout
             _guard(rows, "5 fan-out", "see 5a-5d", lambda: fig_fanout.measure(
-                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=3 if quick else 5, seed=args.seed))
+                svc, n=args.fanout_jobs, k=args.fanout_leased, trials=5, seed=args.seed))
         if "1" in chosen:
             from bench import fig_reads
             _guard(rows, f"1 read amplification ({jobs} jobs per run)", f"<= {fig_reads.TARGET}",
