@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -24,6 +27,37 @@ LONGEST_FIRST = ("test_sweeps_lists", "test_faults_sume", "test_faults_keys", "t
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: a module's own order stays
+
+
+@pytest.fixture
+def grants(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, list[float]]]:
+    """Where the limiter's read log counts every read it granted now, per budget (its Redis key, which
+    names its Sume key): each grant's ``logged_at`` (its clock, s), once for each slot its take asked
+    for. The stack's functions run in this process; a take's arguments and its reply are built on the
+    same thread. Count a budget here, not where Sume counts: on a compressed clock a real second of a
+    loaded machine between a grant and its request is many clock seconds, which can carry a read granted
+    at a window's end into Sume's next one - a 429 of the machine's speed, not of the limiter's."""
+    from sume_poller.limits.budget import Budget, Grant
+
+    times: defaultdict[str, list[float]] = defaultdict(list)
+    asked = threading.local()
+    take_values, from_reply = Budget.take_values, Grant.from_reply.__func__  # type: ignore[attr-defined]
+
+    def noting_take_values(self: Budget, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        values = take_values(self, *args, **kwargs)
+        asked.count, asked.budget = values["count"], self.key
+        return values
+
+    def noting_from_reply(cls: type[Grant], reply: list[Any]) -> Grant:
+        grant = from_reply(cls, reply)
+        if grant.now:
+            assert grant.logged_at is not None, grant
+            times[asked.budget].extend([grant.logged_at] * asked.count)
+        return grant
+
+    monkeypatch.setattr(Budget, "take_values", noting_take_values)
+    monkeypatch.setattr(Grant, "from_reply", classmethod(noting_from_reply))
+    yield times
 
 
 @pytest.fixture(scope="session")
