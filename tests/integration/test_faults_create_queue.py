@@ -76,19 +76,22 @@ def test_a_queued_submission_past_its_deadline_is_rejected_and_never_created(sta
         assert record["status"] == REJECTED and record["error"]["code"] == EXPIRED == "create_budget_exhausted"
         assert record["settled_at"] >= record["deadline_at"] and record["job_ids"] == []
     stats = stack.sim.stats()
-    assert stats["creates"] == stats["create_requests"] == len(created)  # never created: not even asked
+    # Never created: not even asked. A create a loaded machine sent again came with its Idempotency-Key.
+    assert stats["creates"] == len(created) and stats["create_requests"] == len(created) + stats["replays"]
     assert stack.metric_totals()["SubmissionsExpired"] == len(expired)
     assert drain_idle(stack) and stack.table.pending_page("q:default", None)[0] == []
 
     again = stack.submit(events[-1])  # a replay of an expired one: answered from the table
     assert (again["status"], again["error"], again["replayed"]) == ("rejected", EXPIRED, True)
-    assert stack.sim.stats()["create_requests"] == len(created)
+    assert stack.sim.stats()["create_requests"] == stats["create_requests"]  # not asked of Sume
 
 
-def test_a_drain_step_failing_after_its_create_is_billed_once(stack: InProcessStack) -> None:
+def test_a_drain_step_failing_after_its_create_is_billed_once(slow_stack: InProcessStack) -> None:
+    """On the slow stack: no day budget, so a create sent again by a loaded machine (an answer past the
+    read timeout, a step past its claim) takes no slot the injected replay needs."""
     from sume_poller.wiring import submit as wiring
 
-    # Two submissions: the repeated create takes a slot of the key's day budget too (3 here).
+    stack = slow_stack
     events = [event(i) for i in range(2)]
     replies = [stack.submit(events[0])]
     with drain_running(stack):  # the second queues, however slowly it arrives
@@ -112,8 +115,9 @@ def test_a_drain_step_failing_after_its_create_is_billed_once(stack: InProcessSt
         del store.settle_submission  # the class's method again
     assert failed, "the fault was injected"
     stats = stack.sim.stats()
-    # The failed step's head was created again with its Idempotency-Key: Sume replayed it.
-    assert (stats["creates"], stats["replays"]) == (2, 1)
+    # The failed step's head was created again with its Idempotency-Key: Sume replayed it (and any other
+    # create a loaded machine sent again), billing each submission once.
+    assert stats["creates"] == 2 and stats["replays"] >= 1 and stats["create_requests"] == 2 + stats["replays"]
     records = [submission(stack, e["idempotency_key"]) for e in events]
     assert all(r["status"] == CREATED for r in records)
     assert len({j for r in records for j in r["job_ids"]}) == 2
