@@ -182,26 +182,36 @@ def test_a_ready_delivery_goes_straight_to_the_result_and_a_failed_one_is_record
     """A verified delivery is Sume's signed word: ``*.ready`` costs one read (the result), a
     ``*.failed`` none at all; a ``*.ready`` that came too soon (the result route has nothing yet)
     sends the job back to its chain, which fetches the result once it is there."""
-    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 0.0})
-    done = submit(stack, 4, {"duration": 60, "hints": False}, kind="video")
-    failed = submit(stack, 3, {"duration": 60, "hints": False, "outcome": "failed"}, kind="video")
+    # The test delivers every event itself, between drives (no chain step is in flight then, so each delivery
+    # hands its chain over), and the jobs' status reads say running whatever they did: their deliveries finish
+    # them, never a chain's read that a loaded machine's slow delivery lets come first.
+    stack.sim.configure(webhooks={"kinds": ["video"], "secret": SECRET, "loss": 1.0})
+    running = {"status_override": {"status": "running", "reads": 1_000}}
+    done = submit(stack, 4, {"duration": 60, "hints": False, **running}, kind="video")
+    failed = submit(stack, 3, {"duration": 60, "hints": False, "outcome": "failed", **running}, kind="video")
     # The too-soon read is answered 409 (Sume's "result not ready") by a fault on the job's first result read,
     # not by the job still running: at TimeScale 0.02 its 240 clock s are 4.8 real s, which a loaded CI run
     # passed before that read (the read then found the result: one read in all).
     early = submit(stack, 2, {"duration": 240, "hints": False, "result_faults": ["409"]}, kind="video")
-    for job_id in early:  # as if Sume had sent it before the job was done
-        reply = deliver(stack, job_id, "ready", f"evt_early_{job_id}", status="completed")
-        assert reply["statusCode"] == 202 and json.loads(reply["body"])["queued"] is True, reply
+    replies = [deliver(stack, j, "ready", f"evt_early_{j}", status="completed") for j in early]  # before it is done
+    finished = stack.clock.now() + 90  # done and failed are, at Sume; their chains still read "running"
+    stack.drive(lambda: stack.clock.now() >= finished, 30, fanout_every=1.0)
+    replies += [deliver(stack, j, "ready", f"evt_{j}", status="completed") for j in done]
+    replies += [deliver(stack, j, "failed", f"evt_{j}", status="failed",
+                        error={"code": "generation_failed", "message": "the model gave up"}) for j in failed]
+    assert all(r["statusCode"] == 202 and json.loads(r["body"])["queued"] is True for r in replies), replies
     run(stack, done + failed + early, timeout=60)
-    check(stack, done + early, scenario="webhook: ready delivered (also too soon)", expected="completed")
-    check(stack, failed, scenario="webhook: failed delivered", expected="failed")
+    check(stack, done + early, scenario="webhook: ready delivered (also too soon)", expected="completed",
+          allowance=20)  # the overridden jobs' reads until their delivery
+    check(stack, failed, scenario="webhook: failed delivered", expected="failed", allowance=20)
     jobs = stack.sim.stats()["jobs"]
-    assert {j for j in done + failed if stack.record(j)["found_by"] == "webhook"}, found_by(stack, done + failed)
+    assert all(stack.record(j)["found_by"] == "webhook" for j in done + failed), found_by(stack, done + failed)
     # the one too soon, then the result
     assert [jobs[j]["result_reads"] for j in early] == [2, 2], [jobs[j] for j in early]
     assert all(stack.record(j)["result_json"] for j in early)  # type: ignore[index]
-    by_hook = [j for j in failed if stack.record(j)["found_by"] == "webhook"]  # type: ignore[index]
-    assert by_hook and all(stack.record(j)["error"]["code"] for j in by_hook)  # type: ignore[index]
+    assert all(stack.record(j)["error"]["code"] for j in failed)  # type: ignore[index]
+    assert all(jobs[j]["result_reads"] == 1 for j in done)  # a delivered ready: its result, no more
+    assert all(jobs[j]["result_reads"] == 0 for j in failed)  # a delivered failure: no read at all
 
 
 def test_once_a_kind_has_its_delivery_ages_a_lost_delivery_costs_one_read_of_the_result(stack: InProcessStack) -> None:
