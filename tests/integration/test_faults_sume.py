@@ -86,20 +86,24 @@ def test_a_job_route_refusal_the_contract_does_not_name_is_retried_and_recorded_
     recorded failed once the refusals repeated over RefusalWindowSeconds (300 clock s here). Before: one
     such answer failed a running job at first sight."""
     passing = ["400", "proxy:413", "422", "proxy:431", "410"]
-    blips = submit(stack, 4, {"duration": 150, "steps": 2, "faults": passing})
+    # Two refusals a job, all five kinds among the four jobs: one re-queue (about a real second) between a
+    # job's first and last refusal, far inside the 300 clock s window (6 real s here). Five on one job
+    # spanned four re-queues, which a loaded machine can stretch past the window.
+    faults = [[passing[i % 5], passing[(i + 1) % 5]] for i in range(4)]
+    blips = submit(stack, 4, lambda i: {"duration": 150, "steps": 2, "faults": faults[i]})
     # Still running at Sume (a sweep's list or a result read would rightly finish a job Sume completed):
     refused_for_good = submit(stack, 2, {"duration": 100_000, "faults": ["proxy:400"] * 40})
     run(stack, blips + refused_for_good, timeout=90)
-    check(stack, blips, scenario="job route refusals the contract does not name (a proxy's too), 5 per job",
-          expected="completed", allowance=len(passing))
+    check(stack, blips, scenario="job route refusals the contract does not name (a proxy's too), 2 per job",
+          expected="completed", allowance=2)
     assert all(stack.record(j)["result_json"] for j in blips)  # type: ignore[index]
     for job_id in refused_for_good:
         record = stack.record(job_id)
         assert record is not None and (record["status"], record["evidence"]) == ("failed", "status_read")
         assert record["terminal_at"] - record["submitted_at"] >= 300  # the refusal window, not the first answer
     # Every refusal Sume served is counted (how many a job met before a sweep or its result finished it
-    # is the machine's speed: a loaded CI run served 17 of the 20).
-    served = sum(len(passing) - len(stack.sim.job_info(j)["faults_remaining"]) for j in blips)  # type: ignore[index]
+    # is the machine's speed: a loaded CI run served 17 of the 20 when each job had five).
+    served = sum(2 - len(stack.sim.job_info(j)["faults_remaining"]) for j in blips)  # type: ignore[index]
     assert served > 0 and stack.metric_totals()["SumeReadRefused"] >= served, served
 
 
