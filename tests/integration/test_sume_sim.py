@@ -144,6 +144,14 @@ def client(make_client: Callable[..., Client]) -> Client:
     return make_client(hints=True, latency_ms=0, time_scale=1.0)
 
 
+@pytest.fixture
+def frozen(make_client: Callable[..., Client]) -> tuple[Client, VirtualClock]:
+    """The ``client`` on a clock that moves only when its test moves it: what the test asserts about
+    clock time (hints, read-after-create lag, a result's delay) holds however slow the machine."""
+    clock = VirtualClock(1_800_000_000.0)
+    return make_client(hints=True, latency_ms=0, clock=clock), clock
+
+
 def assert_envelope(resp: urllib3.BaseHTTPResponse, status: int, code: str) -> dict[str, Any]:
     assert resp.status == status, resp.data
     payload = resp.json()
@@ -375,7 +383,8 @@ def test_compressed_clock_reports_clock_seconds(make_client: Callable[..., Clien
     assert client.poll_until_terminal(job_id)[-1]["status"] == "completed"
 
 
-def test_hint_values_follow_phase_boundaries(client: Client) -> None:
+def test_hint_values_follow_phase_boundaries(frozen: tuple[Client, VirtualClock]) -> None:
+    client, _ = frozen
     spec = {"duration": 6, "steps": 2, "result_delay": 5}
     fresh = client.status(client.seed(kind="video", sim=spec, age=0))
     assert (fresh["status"], fresh["terminal"], fresh["result_ready"]) == ("queued", False, False)
@@ -392,14 +401,16 @@ def test_hint_values_follow_phase_boundaries(client: Client) -> None:
     assert (late["status"], late["next_poll_after_seconds"]) == ("processing", 2)
 
 
-def test_hints_round_up_with_minimum_one_and_exact_mode(client: Client) -> None:
+def test_hints_round_up_with_minimum_one_and_exact_mode(frozen: tuple[Client, VirtualClock]) -> None:
+    client, clock = frozen
     job_id = client.create(sim={"duration": 2.5, "steps": 1})
     assert client.status(job_id)["next_poll_after_seconds"] == 3
     almost = client.seed(sim={"duration": 3, "steps": 1}, age=2.5)
     assert client.status(almost)["next_poll_after_seconds"] == 1
     client.configure(exact_hints=True)
-    assert 0 < client.status(job_id)["next_poll_after_seconds"] < 2.5
-    assert 0 < client.status(almost)["next_poll_after_seconds"] <= 0.5
+    clock.t += 0.25
+    assert client.status(job_id)["next_poll_after_seconds"] == 2.25
+    assert client.status(almost)["next_poll_after_seconds"] == 0.25
 
 
 def test_hints_global_off_and_per_job_override(client: Client) -> None:
@@ -520,11 +531,14 @@ def test_latency_applies_to_api_only(client: Client) -> None:
     assert time.monotonic() - started >= 1.5
 
 
-def test_read_after_create_lag_and_forbidden_job(client: Client) -> None:
+def test_read_after_create_lag_and_forbidden_job(frozen: tuple[Client, VirtualClock]) -> None:
+    client, clock = frozen
     lagging = client.create(sim={"not_found_for": 0.3, "duration": 0})
     assert_envelope(client.api("GET", f"/jobs/{lagging}"), 404, "not_found")
+    clock.t += 0.29
     assert_envelope(client.api("GET", f"/jobs/{lagging}/result"), 404, "not_found")
-    wait_for(lambda: client.api("GET", f"/jobs/{lagging}").status == 200, what="the job to become visible")
+    clock.t += 0.01
+    assert client.api("GET", f"/jobs/{lagging}").status == 200
     assert client.api("GET", f"/jobs/{lagging}/result").status == 200
     foreign = client.create(sim={"forbidden": True})
     assert_envelope(client.api("GET", f"/jobs/{foreign}"), 403, "forbidden")
@@ -536,20 +550,22 @@ def test_read_after_create_lag_and_forbidden_job(client: Client) -> None:
 # ---------------------------------------------------------------------------- result
 
 
-def test_result_is_409_until_ready_then_200(client: Client) -> None:
+def test_result_is_409_until_ready_then_200(frozen: tuple[Client, VirtualClock]) -> None:
+    client, clock = frozen
     job_id = client.create(path="/videos/generations", sim={"duration": 0, "result_delay": 0.25})
     assert_envelope(client.api("GET", f"/jobs/{job_id}/result"), 409, "result_not_ready")
     job = client.status(job_id)
     assert job["status"] == "completed" and job["result_ready"] is False
     assert job["next_poll_after_seconds"] == 1
-    resp = wait_for(lambda: (r := client.api("GET", f"/jobs/{job_id}/result")).status == 200 and r,
-                    what="the result")
+    clock.t += 0.25
+    resp = client.api("GET", f"/jobs/{job_id}/result")
+    assert resp.status == 200
     payload = resp.json()
     assert payload["job_id"] == job_id and payload["type"] == "video_generation"
     assert RESULT_URL_RE.match(payload["result"]["url"])
     assert payload["result"]["width"] > 0 and payload["request_id"].startswith("req_")
     assert client.status(job_id)["result_url"] == payload["result"]["url"]
-    assert client.job_info(job_id)["result_reads"] >= 2
+    assert client.job_info(job_id)["result_reads"] == 2
 
 
 def test_result_of_failed_job_is_409(client: Client) -> None:
@@ -574,11 +590,14 @@ def test_result_not_ready_status_from_config_and_directive(client: Client) -> No
     assert client.ctl("GET", "/config").json()["result_not_ready"] == 425
 
 
-def test_status_reads_waiting_for_the_result_are_not_after_terminal(client: Client) -> None:
+def test_status_reads_waiting_for_the_result_are_not_after_terminal(frozen: tuple[Client, VirtualClock]) -> None:
+    client, clock = frozen
     job_id = client.create(path="/videos/generations", sim={"duration": 0, "result_delay": 0.3})
     first = client.status(job_id)
     assert (first["status"], first["terminal"], first["result_ready"]) == ("completed", True, False)
-    wait_for(lambda: client.status(job_id)["result_ready"], what="the result to be ready")
+    assert client.status(job_id)["result_ready"] is False  # waiting for the result: not after terminal
+    clock.t += 0.3
+    assert client.status(job_id)["result_ready"] is True
     assert client.job_info(job_id)["status_reads_after_terminal"] == 0
     client.status(job_id)
     assert client.stats()["jobs"][job_id]["status_reads_after_terminal"] == 1
