@@ -86,44 +86,6 @@ def test_a_queued_submission_past_its_deadline_is_rejected_and_never_created(sta
     assert stack.sim.stats()["create_requests"] == stats["create_requests"]  # not asked of Sume
 
 
-def test_a_drain_step_failing_after_its_create_is_billed_once(slow_stack: InProcessStack) -> None:
-    """On the slow stack: no day budget, so a create sent again by a loaded machine (an answer past the
-    read timeout, a step past its claim) takes no slot the injected replay needs."""
-    from sume_poller.wiring import submit as wiring
-
-    stack = slow_stack
-    events = [event(i) for i in range(2)]
-    replies = [stack.submit(events[0])]
-    with drain_running(stack):  # the second queues, however slowly it arrives
-        replies.append(stack.submit(events[1]))
-    assert [r["status"] for r in replies] == ["submitted", "queued"]
-    assert wiring.submitter().start_drain("default", None)  # what its submit did, had no drain been running
-    store = wiring.drainer().store
-    settle, failed = store.settle_submission, []
-
-    def fail_once(*args: Any, **kwargs: Any) -> bool:
-        if not failed:
-            failed.append(args)
-            raise RuntimeError("injected: the step dies after its create, before it settles")
-        return settle(*args, **kwargs)
-
-    store.settle_submission = fail_once  # type: ignore[method-assign]
-    try:
-        keys = [e["idempotency_key"] for e in events]
-        stack.drive(lambda: settled(stack, keys), timeout=60, fanout_every=1.0)
-    finally:
-        del store.settle_submission  # the class's method again
-    assert failed, "the fault was injected"
-    stats = stack.sim.stats()
-    # The failed step's head was created again with its Idempotency-Key: Sume replayed it (and any other
-    # create a loaded machine sent again), billing each submission once.
-    assert stats["creates"] == 2 and stats["replays"] >= 1 and stats["create_requests"] == 2 + stats["replays"]
-    records = [submission(stack, e["idempotency_key"]) for e in events]
-    assert all(r["status"] == CREATED for r in records)
-    assert len({j for r in records for j in r["job_ids"]}) == 2
-    assert len(stack.records()) == 2  # two jobs watched, none twice
-
-
 def test_fan_out_restarts_a_drain_that_died(stack: InProcessStack) -> None:
     events = [event(i) for i in range(3)]
     replies = [stack.submit(events[0])]
@@ -152,7 +114,9 @@ def test_fan_out_restarts_a_drain_that_died(stack: InProcessStack) -> None:
 
 # A second stack: creates that Sume takes and answers later than the queue deadline (a 5 s real read
 # timeout, as long as the 100 clock s deadline on this 20x clock; the claim TTL above it), and a create
-# budget of 3 a minute (one grant a minute: a second submission right after the first queues).
+# budget of 3 a minute (one grant a minute: a second submission right after the first queues). Its tests
+# come after every test of the first stack: both stacks share the worker's moto server, and starting the
+# second provisions the template again there (the first one's queues are gone then).
 SLOW_ENV = {**FAST_LEASES, "SUME_READ_TIMEOUT": "5", "CLAIM_TTL_SECONDS": "8"}
 module_slow_stack, slow_stack = stack_fixtures(
     SCALE, {**PARAMETERS, "CreatesPerMinute": 3, "CreatesPerDay": 0, "SubmitQueueDeadlineSeconds": 100}, SLOW_ENV,
@@ -218,3 +182,41 @@ def test_a_drain_step_dying_after_a_create_of_unknown_outcome_leaves_the_evidenc
     job_id = record["job_ids"][0]
     stack.drive(lambda: stack.settled([job_id]), timeout=60, fanout_every=1.0)
     assert stack.record(job_id)["status"] == "completed"  # type: ignore[index]
+
+
+def test_a_drain_step_failing_after_its_create_is_billed_once(slow_stack: InProcessStack) -> None:
+    """On the slow stack: no day budget, so a create sent again by a loaded machine (an answer past the
+    read timeout, a step past its claim) takes no slot the injected replay needs."""
+    from sume_poller.wiring import submit as wiring
+
+    stack = slow_stack
+    events = [event(i) for i in range(2)]
+    replies = [stack.submit(events[0])]
+    with drain_running(stack):  # the second queues, however slowly it arrives
+        replies.append(stack.submit(events[1]))
+    assert [r["status"] for r in replies] == ["submitted", "queued"]
+    assert wiring.submitter().start_drain("default", None)  # what its submit did, had no drain been running
+    store = wiring.drainer().store
+    settle, failed = store.settle_submission, []
+
+    def fail_once(*args: Any, **kwargs: Any) -> bool:
+        if not failed:
+            failed.append(args)
+            raise RuntimeError("injected: the step dies after its create, before it settles")
+        return settle(*args, **kwargs)
+
+    store.settle_submission = fail_once  # type: ignore[method-assign]
+    try:
+        keys = [e["idempotency_key"] for e in events]
+        stack.drive(lambda: settled(stack, keys), timeout=60, fanout_every=1.0)
+    finally:
+        del store.settle_submission  # the class's method again
+    assert failed, "the fault was injected"
+    stats = stack.sim.stats()
+    # The failed step's head was created again with its Idempotency-Key: Sume replayed it (and any other
+    # create a loaded machine sent again), billing each submission once.
+    assert stats["creates"] == 2 and stats["replays"] >= 1 and stats["create_requests"] == 2 + stats["replays"]
+    records = [submission(stack, e["idempotency_key"]) for e in events]
+    assert all(r["status"] == CREATED for r in records)
+    assert len({j for r in records for j in r["job_ids"]}) == 2
+    assert len(stack.records()) == 2  # two jobs watched, none twice
